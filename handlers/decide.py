@@ -1,0 +1,440 @@
+"""The decision core: accept or reject each event, all-or-nothing across every limit.
+
+Pure: no I/O, no clock. ``Decider.plan`` says which records an event needs, the caller
+loads them into a ``WorkingState``, and ``Decider.decide`` changes that state in place
+and returns the outcome. Events are decided in input order on their own time.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from typing import Final, NamedTuple
+
+from handlers.periods import PERIOD_SPAN, clock_for
+from handlers.state import EventRecord, Keys, WorkingState
+from schemas.amounts import AmountError, format_minor, to_minor
+from schemas.currencies import MINOR_UNITS
+from schemas.events import DeadLetterError, Event, EventRejected, EventType
+from schemas.rules import Rule, RuleSet, Window, scalar_text
+from schemas.verdicts import (
+    Decision,
+    LimitState,
+    Metric,
+    Reason,
+    Verdict,
+    Violation,
+    verdict_encoder,
+)
+
+
+def escape(value: str) -> str:
+    """Make a scope value safe inside a bucket key."""
+    if "|" in value or "\\" in value:
+        return value.replace("\\", "\\\\").replace("|", "\\|")
+    return value
+
+
+def bucket_key(rule_id: str, period: str, scope_values: Iterable[str]) -> str:
+    """``rule|period|value…``: rule ids and periods never contain ``|``."""
+    return "|".join((rule_id, period, *(escape(v) for v in scope_values)))
+
+
+def split_bucket_key(key: str) -> tuple[str, str]:
+    """The rule id and period of a bucket key."""
+    rule_id, period, _ = key.split("|", 2)
+    return rule_id, period
+
+
+class _CompiledRule:
+    """A rule plus what the hot path needs precomputed."""
+
+    __slots__ = (
+        "amount_exp",
+        "clock",
+        "currency",
+        "match",
+        "max_amount",
+        "max_count",
+        "rule",
+        "scope",
+        "simple_scope",
+        "span",
+        "window",
+    )
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+        self.window = rule.window
+        self.currency = rule.currency
+        self.scope = rule.scope
+        self.simple_scope = rule.scope[0] if len(rule.scope) == 1 else None
+        self.match = rule.match
+        self.max_count = rule.max_count
+        self.max_amount = rule.max_amount
+        self.amount_exp = MINOR_UNITS[rule.currency] if rule.currency else None
+        self.clock = clock_for(rule.timezone)
+        self.span = PERIOD_SPAN[rule.window]
+
+
+class Applied(NamedTuple):
+    """A rule that applies to an event, with the event's bucket for it."""
+
+    rule: _CompiledRule
+    period: str
+    key: str | None
+    """None for a ``transaction`` window, which keeps no bucket."""
+    period_end: int | None
+
+
+class OutcomeKind(enum.Enum):
+    """What happened to one event."""
+
+    VERDICT = "verdict"
+    DUPLICATE = "duplicate"
+    DEAD_LETTER = "dead_letter"
+
+
+class Outcome(NamedTuple):
+    """The result of deciding one event."""
+
+    kind: OutcomeKind
+    verdict: bytes | None
+    """The encoded verdict (the original's, for a duplicate)."""
+    decision: Decision | None
+    reason: Reason | None
+    error: DeadLetterError | None = None
+    detail: str | None = None
+
+
+_EMPTY: Final[tuple[Applied, ...]] = ()
+
+
+class Decider:
+    """Decides events against one rule set."""
+
+    def __init__(self, rules: RuleSet) -> None:
+        self.rules = rules
+        self._compiled = tuple(_CompiledRule(rule) for rule in rules.rules)
+        self._by_id = {c.rule.id: c for c in self._compiled}
+        self.max_records_per_event = len(self._compiled) + 3
+        """Upper bound of records one event changes: its buckets, account, record, original."""
+
+    # -- planning -------------------------------------------------------------------------
+
+    def plan(self, event: Event) -> tuple[Applied, ...]:
+        """The rules that apply to a payment, with its bucket for each.
+
+        Raises ``EventRejected`` when a field a rule scopes by is not a scalar.
+        """
+        if event.type is not EventType.PAYMENT:
+            return _EMPTY
+        fields = event.fields
+        applied: list[Applied] = []
+        for c in self._compiled:
+            if c.currency is not None and c.currency != event.currency:
+                continue
+            if c.simple_scope is not None:
+                raw = fields.get(c.simple_scope)
+                if raw is None:
+                    continue
+                value = raw if type(raw) is str else _scope_text(c.simple_scope, raw)
+                values: tuple[str, ...] = (value,)
+            else:
+                scoped = [fields.get(name) for name in c.scope]
+                if any(v is None for v in scoped):
+                    continue
+                values = tuple(_scope_text(n, v) for n, v in zip(c.scope, scoped, strict=True))
+            if c.match and not all(
+                scalar_text(fields.get(name)) in allowed for name, allowed in c.match
+            ):
+                continue
+            period = c.clock.keys(event.epoch)[c.window]
+            if c.window is Window.TRANSACTION:
+                applied.append(Applied(c, period, None, None))
+            else:
+                end = None if c.span is None else event.epoch + c.span
+                applied.append(Applied(c, period, bucket_key(c.rule.id, period, values), end))
+        return tuple(applied)
+
+    @staticmethod
+    def keys(events: Sequence[Event], plans: Sequence[tuple[Applied, ...]]) -> Keys:
+        """Every record the events need, except the buckets of reversed originals."""
+        keys = Keys()
+        for event, applied in zip(events, plans, strict=True):
+            keys.accounts.add(event.account_id)
+            keys.events.add(event.event_id)
+            if event.original_event_id is not None:
+                keys.events.add(event.original_event_id)
+            for a in applied:
+                if a.key is not None:
+                    keys.buckets.add(a.key)
+        return keys
+
+    @staticmethod
+    def reversal_keys(events: Sequence[Event], state: WorkingState, loaded: Keys) -> Keys:
+        """The buckets of loaded originals that reversals will release, not yet loaded."""
+        keys = Keys()
+        for event in events:
+            if event.original_event_id is None:
+                continue
+            original = state.event(event.original_event_id)
+            if original is not None:
+                keys.buckets.update(k for k in original.buckets if k not in loaded.buckets)
+        return keys
+
+    # -- deciding -------------------------------------------------------------------------
+
+    def decide(self, event: Event, applied: tuple[Applied, ...], state: WorkingState) -> Outcome:
+        """Decide one event, applying its effects to ``state``."""
+        seen = state.event(event.event_id)
+        if seen is not None:
+            if seen.fingerprint == event.fingerprint:
+                return Outcome(
+                    OutcomeKind.DUPLICATE,
+                    seen.verdict,
+                    Decision.ACCEPT if seen.accepted else Decision.REJECT,
+                    None,
+                )
+            return _dead(
+                DeadLetterError.IDEMPOTENCY_CONFLICT,
+                f"event_id {event.event_id!r} was already decided with a different payload",
+            )
+        if event.type is EventType.PAYMENT:
+            return self._payment(event, applied, state)
+        return self._reversal(event, state)
+
+    def _payment(self, event: Event, applied: tuple[Applied, ...], state: WorkingState) -> Outcome:
+        amount = event.amount
+        assert amount is not None
+        violations: list[Violation] = []
+        for a in applied:
+            c = a.rule
+            if a.key is None:  # transaction window: the event alone against the limit
+                if c.max_amount is not None and amount > c.max_amount:
+                    violations.append(
+                        Violation(
+                            c.rule.id,
+                            Metric.AMOUNT,
+                            a.period,
+                            format_minor(c.max_amount, c.amount_exp or 0),
+                            "0" if not c.amount_exp else format_minor(0, c.amount_exp),
+                        )
+                    )
+                continue
+            bucket = state.bucket(a.key)
+            count, used = (bucket.count, bucket.amount) if bucket is not None else (0, 0)
+            if c.max_count is not None and count + 1 > c.max_count:
+                violations.append(
+                    Violation(c.rule.id, Metric.COUNT, a.period, str(c.max_count), str(count))
+                )
+            if c.max_amount is not None and used + amount > c.max_amount:
+                exp = c.amount_exp or 0
+                violations.append(
+                    Violation(
+                        c.rule.id,
+                        Metric.AMOUNT,
+                        a.period,
+                        format_minor(c.max_amount, exp),
+                        format_minor(used, exp),
+                    )
+                )
+        accepted = not violations
+        buckets: tuple[str, ...] = ()
+        if accepted:
+            for a in applied:
+                if a.key is not None:
+                    bucket = state.bucket_for_update(a.key, a.period_end)
+                    bucket.count += 1
+                    bucket.amount += amount
+            buckets = tuple(a.key for a in applied if a.key is not None)
+        limits = [self._limit_state(a, state, amount) for a in applied]
+        decision = Decision.ACCEPT if accepted else Decision.REJECT
+        reason = None if accepted else Reason.LIMIT_EXCEEDED
+        account = state.account_for_update(event.account_id)
+        account.seq += 1
+        encoded = verdict_encoder.encode(
+            Verdict(
+                event.event_id,
+                event.account_id,
+                event.type,
+                decision,
+                reason,
+                account.seq,
+                violations,
+                event.occurred_at,
+                format_minor(amount, MINOR_UNITS[event.currency or ""]),
+                event.currency,
+                None,
+                self.rules.version,
+                limits,
+            )
+        )
+        state.put_event(
+            event.event_id,
+            EventRecord(
+                fingerprint=event.fingerprint,
+                account_id=event.account_id,
+                type=event.type,
+                accepted=accepted,
+                seq=account.seq,
+                verdict=encoded,
+                amount=amount if accepted else 0,
+                currency=event.currency,
+                buckets=buckets,
+                occurred=event.epoch,
+            ),
+        )
+        return Outcome(OutcomeKind.VERDICT, encoded, decision, reason)
+
+    def _limit_state(self, a: Applied, state: WorkingState, amount: int) -> LimitState:
+        c = a.rule
+        if a.key is None:
+            count = 1
+            used = amount
+        else:
+            bucket = state.bucket(a.key)
+            count, used = (bucket.count, bucket.amount) if bucket is not None else (0, 0)
+        exp = c.amount_exp
+        return LimitState(
+            c.rule.id,
+            c.window,
+            a.period,
+            count,
+            c.max_count,
+            None if c.max_count is None else max(c.max_count - count, 0),
+            None if exp is None else format_minor(used, exp),
+            None if c.max_amount is None or exp is None else format_minor(c.max_amount, exp),
+            None
+            if c.max_amount is None or exp is None
+            else format_minor(max(c.max_amount - used, 0), exp),
+        )
+
+    def _reversal(self, event: Event, state: WorkingState) -> Outcome:
+        assert event.original_event_id is not None
+        original = state.event(event.original_event_id)
+        reason: Reason | None = None
+        amount: int | None = None
+        currency = event.currency
+        if (
+            original is None
+            or original.type is not EventType.PAYMENT
+            or original.account_id != event.account_id
+        ):
+            reason = Reason.ORIGINAL_NOT_FOUND
+        elif not original.accepted:
+            reason = Reason.ORIGINAL_NOT_ACCEPTED
+            currency = currency or original.currency
+        else:
+            currency = original.currency
+            if event.currency is not None and event.currency != original.currency:
+                return _dead(
+                    DeadLetterError.INVALID_EVENT,
+                    f"currency: {event.currency} differs from the original's {original.currency}",
+                )
+            left = original.amount - original.reversed
+            if event.amount is not None:
+                amount = event.amount
+            elif event.amount_decimal is not None:
+                try:
+                    amount = to_minor(str(event.amount_decimal), MINOR_UNITS[currency or ""])
+                except AmountError as exc:
+                    return _dead(DeadLetterError.INVALID_EVENT, f"amount: {exc}")
+            else:
+                amount = left
+            if left <= 0:
+                reason = Reason.ALREADY_REVERSED
+            elif amount > left:
+                reason = Reason.REVERSAL_EXCEEDS_ORIGINAL
+        limits: list[LimitState] = []
+        if reason is None and original is not None and amount is not None:
+            original.reversed += amount
+            fully = original.reversed >= original.amount
+            state.touch_event(event.original_event_id)
+            for key in original.buckets:
+                bucket = state.bucket_for_update(key, None)
+                # an expired bucket reads as empty: never let a release go below zero
+                bucket.amount = max(bucket.amount - amount, 0)
+                if fully:
+                    bucket.count = max(bucket.count - 1, 0)
+                limits.append(self._released_state(key, bucket.count, bucket.amount))
+        if amount is None and event.amount is not None:
+            amount = event.amount
+        accepted = reason is None
+        decision = Decision.ACCEPT if accepted else Decision.REJECT
+        account = state.account_for_update(event.account_id)
+        account.seq += 1
+        shown_amount = _show_amount(amount, currency, event)
+        encoded = verdict_encoder.encode(
+            Verdict(
+                event.event_id,
+                event.account_id,
+                event.type,
+                decision,
+                reason,
+                account.seq,
+                [],
+                event.occurred_at,
+                shown_amount,
+                currency,
+                event.original_event_id,
+                self.rules.version,
+                limits,
+            )
+        )
+        state.put_event(
+            event.event_id,
+            EventRecord(
+                fingerprint=event.fingerprint,
+                account_id=event.account_id,
+                type=event.type,
+                accepted=accepted,
+                seq=account.seq,
+                verdict=encoded,
+                currency=currency,
+                occurred=event.epoch,
+            ),
+        )
+        return Outcome(OutcomeKind.VERDICT, encoded, decision, reason)
+
+    def _released_state(self, key: str, count: int, used: int) -> LimitState:
+        rule_id, period = split_bucket_key(key)
+        c = self._by_id.get(rule_id)
+        exp = c.amount_exp if c is not None else None
+        max_count = c.max_count if c is not None else None
+        max_amount = c.max_amount if c is not None else None
+        return LimitState(
+            rule_id,
+            c.window if c is not None else Window.LIFETIME,
+            period,
+            count,
+            max_count,
+            None if max_count is None else max(max_count - count, 0),
+            None if exp is None else format_minor(used, exp),
+            None if max_amount is None or exp is None else format_minor(max_amount, exp),
+            None
+            if max_amount is None or exp is None
+            else format_minor(max(max_amount - used, 0), exp),
+        )
+
+
+def _show_amount(amount: int | None, currency: str | None, event: Event) -> str | None:
+    if amount is not None and currency is not None:
+        return format_minor(amount, MINOR_UNITS[currency])
+    if event.amount_decimal is not None:
+        return str(event.amount_decimal)
+    return None
+
+
+def _scope_text(name: str, value: object) -> str:
+    text = scalar_text(value)
+    if text is None:
+        raise EventRejected(
+            DeadLetterError.INVALID_EVENT,
+            f"{name}: a rule scopes by this field, so it must be a string or a number",
+        )
+    return text
+
+
+def _dead(error: DeadLetterError, detail: str) -> Outcome:
+    return Outcome(OutcomeKind.DEAD_LETTER, None, None, None, error, detail)

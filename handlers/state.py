@@ -1,0 +1,183 @@
+"""The state the decision core reads and writes, and the working copy of one batch.
+
+Every record carries a ``version``: a store commits a write only if the stored version
+is still the one that was read (``version - 1`` of the written record), so a decision
+made on stale state is never committed. Version 0 means "never stored".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from schemas.events import EventType
+
+
+@dataclass(slots=True)
+class Bucket:
+    """Count and amount of one (rule, scope values, period) counter."""
+
+    count: int = 0
+    amount: int = 0
+    """Minor units of the rule's currency."""
+    version: int = 0
+    period_end: int | None = None
+    """Upper bound of the period's end (epoch s), None for lifetime: the base of expiry."""
+    expires_at: int | None = None
+    """Epoch s after which the store treats the record as absent (set by the store)."""
+
+
+@dataclass(slots=True)
+class Account:
+    """Per-account verdict sequence. Never expires, so ``seq`` never repeats."""
+
+    seq: int = 0
+    version: int = 0
+
+
+@dataclass(slots=True)
+class EventRecord:
+    """The idempotency record of an event that got a verdict, with that verdict."""
+
+    fingerprint: str
+    account_id: str
+    type: EventType
+    accepted: bool
+    seq: int
+    verdict: bytes
+    """The verdict exactly as published; a duplicate gets these bytes again."""
+    amount: int = 0
+    """Minor units added to ``buckets`` (accepted payments only)."""
+    currency: str | None = None
+    reversed: int = 0
+    """Minor units released by accepted reversals so far."""
+    buckets: tuple[str, ...] = ()
+    """Keys of the buckets an accepted payment was added to."""
+    occurred: int = 0
+    """Event time, epoch s: the base of expiry."""
+    version: int = 0
+    expires_at: int | None = None
+
+
+@dataclass(slots=True)
+class Keys:
+    """What one batch needs to read."""
+
+    buckets: set[str] = field(default_factory=set)
+    accounts: set[str] = field(default_factory=set)
+    events: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.buckets or self.accounts or self.events)
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Records read from a store. A key that is absent was never stored or has expired.
+
+    ``event_versions`` holds the versions of expired event records, so that a new record
+    for the same id replaces the expired one under the usual version check.
+    """
+
+    buckets: dict[str, Bucket] = field(default_factory=dict)
+    accounts: dict[str, Account] = field(default_factory=dict)
+    events: dict[str, EventRecord] = field(default_factory=dict)
+    event_versions: dict[str, int] = field(default_factory=dict)
+
+    def merge(self, other: Snapshot) -> None:
+        """Add the records of a later read."""
+        self.buckets.update(other.buckets)
+        self.accounts.update(other.accounts)
+        self.events.update(other.events)
+        self.event_versions.update(other.event_versions)
+
+
+@dataclass(slots=True)
+class Writes:
+    """New versions of records, to be committed all together or not at all.
+
+    Each record's ``version`` is the new one; the store requires the stored version to be
+    ``version - 1`` (0: the key must not exist, or hold an expired record of that version).
+    """
+
+    buckets: dict[str, Bucket] = field(default_factory=dict)
+    accounts: dict[str, Account] = field(default_factory=dict)
+    events: dict[str, EventRecord] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.buckets) + len(self.accounts) + len(self.events)
+
+
+class WorkingState:
+    """A batch's view of the store: the snapshot plus the changes not committed yet."""
+
+    __slots__ = ("_dirty_accounts", "_dirty_buckets", "_dirty_events", "snapshot")
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self._dirty_buckets: set[str] = set()
+        self._dirty_accounts: set[str] = set()
+        self._dirty_events: set[str] = set()
+
+    def bucket(self, key: str) -> Bucket | None:
+        """The bucket, or None when it holds nothing yet."""
+        return self.snapshot.buckets.get(key)
+
+    def bucket_for_update(self, key: str, period_end: int | None) -> Bucket:
+        """The bucket, created if needed, marked to be written."""
+        buckets = self.snapshot.buckets
+        found = buckets.get(key)
+        if found is None:
+            found = buckets[key] = Bucket(period_end=period_end)
+        elif period_end is not None and (found.period_end or 0) < period_end:
+            found.period_end = period_end
+        self._dirty_buckets.add(key)
+        return found
+
+    def account_for_update(self, account_id: str) -> Account:
+        """The account's sequence record, created if needed, marked to be written."""
+        accounts = self.snapshot.accounts
+        found = accounts.get(account_id)
+        if found is None:
+            found = accounts[account_id] = Account()
+        self._dirty_accounts.add(account_id)
+        return found
+
+    def event(self, event_id: str) -> EventRecord | None:
+        """The idempotency record of an event, or None if it never got a verdict."""
+        return self.snapshot.events.get(event_id)
+
+    def put_event(self, event_id: str, record: EventRecord) -> None:
+        """Store a new idempotency record (its version follows any expired one)."""
+        record.version = self.snapshot.event_versions.get(event_id, 0)
+        self.snapshot.events[event_id] = record
+        self._dirty_events.add(event_id)
+
+    def touch_event(self, event_id: str) -> None:
+        """Mark an existing record (e.g. a reversed payment) to be written."""
+        self._dirty_events.add(event_id)
+
+    @property
+    def pending(self) -> int:
+        """Number of records changed since the last ``take_writes``."""
+        return len(self._dirty_buckets) + len(self._dirty_accounts) + len(self._dirty_events)
+
+    def take_writes(self) -> Writes:
+        """Copies of every changed record with its version advanced by one."""
+        writes = Writes()
+        snapshot = self.snapshot
+        for key in self._dirty_buckets:
+            bucket = snapshot.buckets[key]
+            bucket.version += 1
+            writes.buckets[key] = replace(bucket)
+        for key in self._dirty_accounts:
+            account = snapshot.accounts[key]
+            account.version += 1
+            writes.accounts[key] = replace(account)
+        for key in self._dirty_events:
+            record = snapshot.events[key]
+            record.version += 1
+            writes.events[key] = replace(record)
+        self._dirty_buckets.clear()
+        self._dirty_accounts.clear()
+        self._dirty_events.clear()
+        return writes

@@ -1,0 +1,210 @@
+"""The ``limitflow`` command line: the edge where settings become adapters."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO
+
+from limitflow.errors import ConfigError, LimitflowError, StoreError, StoreNotInitialized
+from schemas.rules import RulesError, RuleSet, load_rules
+
+DEFAULT_STORE = "sqlite:///limitflow.db"
+
+EXIT_OK = 0
+EXIT_INPUT = 1
+EXIT_USAGE = 2
+EXIT_STORE = 3
+
+
+class CommandFailed(Exception):
+    """A one-line reason and an exit code for the user."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _rules(path: str) -> RuleSet:
+    try:
+        return load_rules(path)
+    except RulesError as exc:
+        raise CommandFailed(f"rules: {exc}", EXIT_USAGE) from None
+
+
+async def open_ready_store(url: str) -> object:
+    """Open the store of ``url``; embedded stores are created, servers must be initialised."""
+    from stores import open_store
+
+    try:
+        store = open_store(url)
+        if url.startswith(("memory:", "sqlite:")):
+            await store.init()
+        else:
+            await store.check()
+    except StoreNotInitialized as exc:
+        raise CommandFailed(
+            f"store: {exc} (run: limitflow store init --store '{url}')", EXIT_STORE
+        ) from None
+    except (StoreError, ConfigError) as exc:
+        raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
+    return store
+
+
+@contextlib.contextmanager
+def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
+    if path == "-":
+        yield sys.stdin.buffer if mode == "rb" else sys.stdout.buffer
+        return
+    try:
+        handle = open(path, mode)  # noqa: SIM115 - closed below
+    except OSError as exc:
+        code = EXIT_INPUT if mode == "rb" else EXIT_USAGE
+        raise CommandFailed(f"cannot open {path}: {exc.strerror}", code) from None
+    with handle:
+        yield handle  # type: ignore[misc]
+
+
+async def _replay(args: argparse.Namespace) -> int:
+    from handlers.decide import Decider
+    from stores.base import Store
+    from streams.engine import Engine
+    from streams.replay import replay
+
+    rules = _rules(args.rules)
+    store = await open_ready_store(args.store)
+    assert isinstance(store, Store)
+    try:
+        with (
+            _open_binary(args.input, "rb") as source,
+            _open_binary(args.output, "wb") as verdicts,
+            _open_binary(args.dead_letter, "wb") as dead,
+        ):
+            size = os.fstat(source.fileno()).st_size if args.input != "-" else None
+            try:
+                summary = await replay(
+                    Engine(Decider(rules), store),
+                    source,
+                    verdicts,
+                    dead,
+                    batch_size=args.batch_size,
+                    total_bytes=size or None,
+                )
+            except StoreError as exc:
+                raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
+            except OSError as exc:
+                raise CommandFailed(f"cannot read {args.input}: {exc}", EXIT_INPUT) from None
+    finally:
+        await store.close()
+    print(
+        f"{summary.lines} events: {summary.accepted} accepted, {summary.rejected} rejected, "
+        f"{summary.duplicates} duplicates, {summary.dead_letters} dead letters "
+        f"in {summary.seconds:.2f}s",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def _rules_check(args: argparse.Namespace) -> int:
+    rules = _rules(args.rules)
+    print(f"{args.rules}: {len(rules.rules)} rules, version {rules.version}")
+    for rule in rules.rules:
+        limits = []
+        if rule.max_count is not None:
+            limits.append(f"count <= {rule.max_count}")
+        if rule.max_amount is not None and rule.currency is not None:
+            from schemas.amounts import format_minor
+            from schemas.currencies import MINOR_UNITS
+
+            limits.append(
+                f"amount <= {format_minor(rule.max_amount, MINOR_UNITS[rule.currency])} "
+                f"{rule.currency}"
+            )
+        where = [f"per {'+'.join(rule.scope)}", f"{rule.window.value} ({rule.timezone})"]
+        if rule.currency and rule.max_amount is None:
+            where.append(f"{rule.currency} only")
+        for field, allowed in rule.match:
+            where.append(f"{field} in {sorted(allowed)}")
+        print(f"  {rule.id}: {' and '.join(limits)}, {', '.join(where)}")
+    return EXIT_OK
+
+
+async def _store_init(args: argparse.Namespace) -> int:
+    from stores import open_store
+
+    try:
+        store = open_store(args.store)
+        try:
+            await store.init()
+        finally:
+            await store.close()
+    except LimitflowError as exc:
+        raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
+    print(f"{args.store}: ready")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="limitflow", description="Payment velocity limits over event streams."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    replay = commands.add_parser("replay", help="decide a file of events (JSON lines)")
+    replay.add_argument("--rules", required=True, help="rules file (YAML)")
+    replay.add_argument(
+        "--input", required=True, help="events, one JSON object a line; - for stdin"
+    )
+    replay.add_argument("--output", required=True, help="verdicts file; - for stdout")
+    replay.add_argument("--dead-letter", required=True, help="dead letters file; - for stdout")
+    replay.add_argument(
+        "--store",
+        default=DEFAULT_STORE,
+        help=f"state store URL: memory://, sqlite:///PATH, mongodb://…, dynamodb://… "
+        f"(default {DEFAULT_STORE})",
+    )
+    replay.add_argument("--batch-size", type=int, default=2_000, help=argparse.SUPPRESS)
+    replay.set_defaults(handler=_replay)
+
+    rules = commands.add_parser("rules", help="work with rules files")
+    rules_commands = rules.add_subparsers(dest="rules_command", required=True)
+    check = rules_commands.add_parser("check", help="validate and summarise a rules file")
+    check.add_argument("rules")
+    check.set_defaults(handler=_rules_check)
+
+    store = commands.add_parser("store", help="manage a state store")
+    store_commands = store.add_subparsers(dest="store_command", required=True)
+    init = store_commands.add_parser("init", help="create tables, collections and indexes")
+    init.add_argument("--store", required=True, help="state store URL")
+    init.set_defaults(handler=_store_init)
+
+    for register in EXTRA_COMMANDS:
+        register(commands)
+    return parser
+
+
+EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = []
+"""Registrars of subcommands that live with their runtime (``run``, ``topics``)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``limitflow`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        outcome = args.handler(args)
+        code: int = asyncio.run(outcome) if asyncio.iscoroutine(outcome) else outcome
+    except CommandFailed as exc:
+        print(f"limitflow: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

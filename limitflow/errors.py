@@ -1,0 +1,53 @@
+"""Errors limitflow raises.
+
+    LimitflowError                  root; ``retriable`` says whether trying again may help
+    ├── RulesError                  the rules file is unusable (defined in schemas.rules)
+    ├── EventRejected               an input record is not a valid event (schemas.events)
+    ├── ConfigError                 a setting or URL is unusable
+    └── StoreError
+        ├── StoreUnavailable        retriable: the server is down, slow or refusing
+        ├── ConflictError           retriable: state changed since it was read
+        ├── StoreNotInitialized     not retriable: run ``limitflow store init``
+        └── StoreRejected           not retriable: the store refused the request itself
+
+Driver errors are translated into these at the adapter boundary (``raise … from exc``);
+code above the adapters tests the type and ``retriable``, never the message text.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class LimitflowError(Exception):
+    """Root of every error limitflow raises on purpose."""
+
+    retriable: ClassVar[bool] = False
+
+
+class ConfigError(LimitflowError):
+    """A setting, option or URL cannot be used."""
+
+
+class StoreError(LimitflowError):
+    """A state store failed."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or timed out; the same request may succeed later."""
+
+    retriable = True
+
+
+class ConflictError(StoreError):
+    """A record changed since it was read (another writer won); re-read and decide again."""
+
+    retriable = True
+
+
+class StoreNotInitialized(StoreError):
+    """Tables, collections or indexes are missing: run ``limitflow store init --store URL``."""
+
+
+class StoreRejected(StoreError):
+    """The store refused a request for a reason that retrying will not fix."""

@@ -1,0 +1,75 @@
+"""Exact decimal amounts as integers of minor units.
+
+Amounts never pass through ``float``: JSON numbers are decoded as their literal text,
+so ``0.1`` stays one tenth and limits compare exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+_PLAIN = re.compile(r"(\d{1,30})(?:\.(\d{1,30}))?")
+
+
+class AmountError(ValueError):
+    """The text is not a usable amount; the message says why."""
+
+
+def to_decimal(value: object) -> Decimal:
+    """Parse a decimal string, an int or a decoded JSON number literal into a Decimal."""
+    if isinstance(value, bool):
+        raise AmountError("must be a decimal string or number, not a boolean")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, Decimal):
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = Decimal(value.strip()) if value.strip() else Decimal("nan")
+        except InvalidOperation:
+            raise AmountError(f"{value!r} is not a decimal number") from None
+    else:
+        raise AmountError(f"must be a decimal string or number, got {type(value).__name__}")
+    if not number.is_finite():
+        raise AmountError(f"{value!r} is not a finite decimal number")
+    return number
+
+
+def to_minor(value: object, exponent: int, *, allow_zero: bool = False) -> int:
+    """Convert an amount to minor units, refusing sub-minor-unit precision.
+
+    ``exponent`` is the currency's number of fraction digits. The check is on the value,
+    so ``"10.50"`` and ``"10.500"`` are both 1050 cents, while ``"10.005"`` is refused.
+    """
+    if isinstance(value, str):
+        match = _PLAIN.fullmatch(value)
+        if match is not None:  # fast path for the usual "123.45"
+            whole, frac = match.group(1), match.group(2) or ""
+            frac_trimmed = frac.rstrip("0")
+            if len(frac_trimmed) > exponent:
+                raise AmountError(
+                    f"{value!r} has more than {exponent} fraction digit(s) for this currency"
+                )
+            minor = int(whole) * 10**exponent + (int(frac_trimmed.ljust(exponent, "0") or "0"))
+            return _check_sign(minor, value, allow_zero)
+    number = to_decimal(value)
+    scaled = number.scaleb(exponent)
+    if scaled != scaled.to_integral_value():
+        raise AmountError(f"{value!r} has more than {exponent} fraction digit(s) for this currency")
+    return _check_sign(int(scaled), value, allow_zero)
+
+
+def _check_sign(minor: int, value: object, allow_zero: bool) -> int:
+    if minor < 0 or (minor == 0 and not allow_zero):
+        raise AmountError(f"{value!r} must be {'>= 0' if allow_zero else '> 0'}")
+    return minor
+
+
+def format_minor(minor: int, exponent: int) -> str:
+    """Render minor units as a plain decimal string with exactly ``exponent`` digits."""
+    if exponent == 0:
+        return str(minor)
+    sign = "-" if minor < 0 else ""
+    whole, frac = divmod(abs(minor), 10**exponent)
+    return f"{sign}{whole}.{frac:0{exponent}d}"

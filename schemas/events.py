@@ -1,0 +1,229 @@
+"""Transaction events: the wire format, and its parsing into validated ``Event`` values.
+
+Parsing is hand-written rather than a typed decode because every field the sender adds
+(``card_id``, ``merchant_id``, ``mcc``…) must be kept for rule scopes and matches. The
+``EventDoc`` struct describes the same format for the generated JSON Schema.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from limitflow.errors import LimitflowError
+from schemas.amounts import AmountError, to_decimal, to_minor
+from schemas.currencies import MINOR_UNITS
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_CORE_FIELDS: Final = frozenset(
+    {"event_id", "type", "account_id", "amount", "currency", "occurred_at", "original_event_id"}
+)
+
+
+class EventType(enum.StrEnum):
+    """What an event asks for."""
+
+    PAYMENT = "payment"
+    REVERSAL = "reversal"
+
+
+class DeadLetterError(enum.StrEnum):
+    """Why an input record was not turned into a verdict."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_EVENT = "invalid_event"
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+
+
+class EventRejected(LimitflowError, ValueError):
+    """An input record that cannot become an event; carries the dead-letter code."""
+
+    def __init__(self, error: DeadLetterError, detail: str) -> None:
+        super().__init__(detail)
+        self.error = error
+        self.detail = detail
+
+
+class Event(msgspec.Struct, frozen=True, gc=False):
+    """A validated transaction event."""
+
+    event_id: str
+    """Idempotency key, 1 to 128 characters."""
+    type: EventType
+    account_id: str
+    amount: int | None
+    """Minor units of ``currency``; None only for a reversal of "all that is left"."""
+    amount_decimal: Decimal | None
+    """The amount of a reversal sent without a currency (its currency is the original's)."""
+    currency: str | None
+    occurred_at: str
+    """The timestamp exactly as sent (RFC 3339 with an offset)."""
+    epoch: int
+    """``occurred_at`` as whole seconds since the Unix epoch (floor)."""
+    original_event_id: str | None
+    fields: dict[str, Any]
+    """The whole decoded object, for rule scopes and matches."""
+    fingerprint: str
+    """Hash of the parsed payload: equal for a resend of the same event."""
+
+
+class EventDoc(msgspec.Struct, forbid_unknown_fields=False):
+    """A transaction event as sent. Fields beyond these are kept for rule scopes."""
+
+    event_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    account_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    occurred_at: Annotated[
+        str,
+        msgspec.Meta(
+            description="RFC 3339 timestamp with a UTC offset or Z; naive times are invalid",
+            pattern=r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:\d{2})$",
+        ),
+    ]
+    type: EventType = EventType.PAYMENT
+    amount: (
+        Annotated[str, msgspec.Meta(pattern=r"^\s*\d+(\.\d+)?\s*$")]
+        | Annotated[float, msgspec.Meta(gt=0)]
+        | None
+    ) = None
+    """Decimal > 0 with no more fraction digits than the currency's minor unit."""
+    currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}$")] | None = None
+    """ISO 4217 code; required for payments."""
+    original_event_id: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
+    """For reversals: the payment being reversed."""
+
+
+_decoder: Final = msgspec.json.Decoder(float_hook=Decimal)
+_fingerprint_encoder: Final = msgspec.json.Encoder(order="sorted", decimal_format="number")
+
+
+def _id(doc: dict[str, Any], name: str, *, required: bool = True) -> str | None:
+    value = doc.get(name)
+    if value is None:
+        if required:
+            raise EventRejected(DeadLetterError.INVALID_EVENT, f"{name}: is required")
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= 128:
+        raise EventRejected(
+            DeadLetterError.INVALID_EVENT, f"{name}: must be a string of 1 to 128 characters"
+        )
+    return value
+
+
+def _timestamp(value: object) -> tuple[str, int, int]:
+    """Return (text, floor epoch seconds, epoch microseconds) of an RFC 3339 timestamp."""
+    if not isinstance(value, str):
+        raise EventRejected(DeadLetterError.INVALID_EVENT, "occurred_at: is required, as a string")
+    if len(value) < 16 or value[10] not in "Tt ":
+        raise EventRejected(
+            DeadLetterError.INVALID_EVENT,
+            f"occurred_at: {value!r} is not an RFC 3339 date-time",
+        )
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise EventRejected(
+            DeadLetterError.INVALID_EVENT, f"occurred_at: {value!r} is not an RFC 3339 date-time"
+        ) from None
+    if moment.tzinfo is None:
+        raise EventRejected(
+            DeadLetterError.INVALID_EVENT,
+            f"occurred_at: {value!r} has no UTC offset (use Z or +HH:MM)",
+        )
+    micros = (moment - _EPOCH) // _MICROSECOND
+    return value, micros // 1_000_000, micros
+
+
+_MICROSECOND: Final = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC) - _EPOCH
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """Decode one JSON document, keeping number literals exact."""
+    try:
+        return _decoder.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise EventRejected(DeadLetterError.INVALID_JSON, f"not valid JSON: {exc}") from None
+
+
+def parse_event(raw: bytes | str) -> Event:
+    """Decode and validate one event; raise ``EventRejected`` with the dead-letter code."""
+    doc = decode_json(raw)
+    if not isinstance(doc, dict):
+        raise EventRejected(DeadLetterError.INVALID_EVENT, "an event must be a JSON object")
+    return event_from_dict(doc)
+
+
+def event_from_dict(doc: dict[str, Any]) -> Event:
+    """Validate an already-decoded event object (numbers as Decimal, not float)."""
+    event_id = _id(doc, "event_id")
+    account_id = _id(doc, "account_id")
+    assert event_id is not None and account_id is not None
+    kind_text = doc.get("type", "payment")
+    try:
+        kind = EventType(kind_text)
+    except ValueError:
+        raise EventRejected(
+            DeadLetterError.INVALID_EVENT,
+            f"type: must be 'payment' or 'reversal', got {kind_text!r}",
+        ) from None
+    occurred_at, epoch, micros = _timestamp(doc.get("occurred_at"))
+
+    currency = doc.get("currency")
+    if currency is not None and (not isinstance(currency, str) or currency not in MINOR_UNITS):
+        raise EventRejected(
+            DeadLetterError.INVALID_EVENT, f"currency: {currency!r} is not an ISO 4217 code"
+        )
+    raw_amount = doc.get("amount")
+    original_event_id = None
+    amount: int | None = None
+    amount_decimal: Decimal | None = None
+    if kind is EventType.PAYMENT:
+        if currency is None:
+            raise EventRejected(DeadLetterError.INVALID_EVENT, "currency: is required")
+        if raw_amount is None:
+            raise EventRejected(DeadLetterError.INVALID_EVENT, "amount: is required")
+    else:
+        original_event_id = _id(doc, "original_event_id")
+    if raw_amount is not None:
+        try:
+            if currency is not None:
+                amount = to_minor(raw_amount, MINOR_UNITS[currency])
+            else:
+                amount_decimal = to_decimal(raw_amount)
+                if amount_decimal <= 0:
+                    raise AmountError(f"{raw_amount!r} must be > 0")
+        except AmountError as exc:
+            raise EventRejected(DeadLetterError.INVALID_EVENT, f"amount: {exc}") from None
+
+    extras = {k: v for k, v in doc.items() if k not in _CORE_FIELDS}
+    canonical = (
+        event_id,
+        kind.value,
+        account_id,
+        # the same currency makes minor units comparable; without one, the exact value
+        amount
+        if amount is not None
+        else (None if amount_decimal is None else str(amount_decimal.normalize())),
+        currency,
+        micros,
+        original_event_id,
+        extras,
+    )
+    fingerprint = hashlib.blake2b(_fingerprint_encoder.encode(canonical), digest_size=16)
+    return Event(
+        event_id=event_id,
+        type=kind,
+        account_id=account_id,
+        amount=amount,
+        amount_decimal=amount_decimal,
+        currency=currency,
+        occurred_at=occurred_at,
+        epoch=epoch,
+        original_event_id=original_event_id,
+        fields=doc,
+        fingerprint=fingerprint.hexdigest(),
+    )

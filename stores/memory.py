@@ -1,0 +1,55 @@
+"""In-process store: the reference backend, and the fastest for a one-off replay."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
+from limitflow.errors import ConflictError
+from stores.base import Store
+
+
+class MemoryStore(Store):
+    """Dicts of records. Lost when the process ends."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.buckets: dict[str, Bucket] = {}
+        self.accounts: dict[str, Account] = {}
+        self.events: dict[str, EventRecord] = {}
+
+    async def _read(self, keys: Keys) -> Snapshot:
+        self.round_trips += 1
+        snapshot = Snapshot()
+        for key in keys.buckets:
+            if (bucket := self.buckets.get(key)) is not None:
+                snapshot.buckets[key] = replace(bucket)
+        for key in keys.accounts:
+            if (account := self.accounts.get(key)) is not None:
+                snapshot.accounts[key] = replace(account)
+        for key in keys.events:
+            if (record := self.events.get(key)) is not None:
+                snapshot.events[key] = replace(record)
+        return snapshot
+
+    async def _write(self, writes: Writes) -> None:
+        self.round_trips += 1
+        # check everything before changing anything: all or nothing
+        for table, records in (
+            (self.buckets, writes.buckets),
+            (self.accounts, writes.accounts),
+            (self.events, writes.events),
+        ):
+            for key, record in records.items():
+                stored = table.get(key)
+                if (stored.version if stored is not None else 0) != record.version - 1:
+                    raise ConflictError(f"{key!r} changed since it was read")
+        self.buckets.update(writes.buckets)
+        self.accounts.update(writes.accounts)
+        self.events.update(writes.events)
+
+    async def _create(self) -> None:
+        return None
+
+    async def _verify(self) -> None:
+        return None

@@ -1,0 +1,214 @@
+"""Embedded, durable store in one SQLite file (WAL, fsync on commit).
+
+Several processes may share the file: a commit takes SQLite's write lock
+(``BEGIN IMMEDIATE``) and checks versions inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
+from limitflow.errors import ConflictError, StoreNotInitialized, StoreUnavailable
+from schemas.events import EventType
+from stores.base import Retention, Store
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS buckets (
+    key TEXT PRIMARY KEY, count INTEGER NOT NULL, amount INTEGER NOT NULL,
+    version INTEGER NOT NULL, period_end INTEGER, expires_at INTEGER
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS accounts (
+    id TEXT PRIMARY KEY, seq INTEGER NOT NULL, version INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    id TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, account_id TEXT NOT NULL,
+    type TEXT NOT NULL, accepted INTEGER NOT NULL, seq INTEGER NOT NULL,
+    verdict BLOB NOT NULL, amount INTEGER NOT NULL, currency TEXT,
+    reversed INTEGER NOT NULL, buckets TEXT NOT NULL, occurred INTEGER NOT NULL,
+    version INTEGER NOT NULL, expires_at INTEGER
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS buckets_expiry ON buckets (expires_at);
+CREATE INDEX IF NOT EXISTS events_expiry ON events (expires_at);
+"""
+_CHUNK = 500
+
+
+def _chunks(keys: Iterable[str]) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for key in keys:
+        batch.append(key)
+        if len(batch) == _CHUNK:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class SqliteStore(Store):
+    """State in a SQLite file at ``path``."""
+
+    def __init__(self, path: str, retention: Retention | None = None, **kwargs: Any) -> None:
+        super().__init__(retention, **kwargs)
+        self.path = path
+        try:
+            self._db = sqlite3.connect(path, timeout=30, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite database {path}: {exc}") from exc
+
+    async def _create(self) -> None:
+        self._db.executescript(_SCHEMA)
+
+    async def _verify(self) -> None:
+        names = {
+            row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        if not {"buckets", "accounts", "events"} <= names:
+            raise StoreNotInitialized(
+                f"{self.path} has no limitflow tables: run `limitflow store init`"
+            )
+
+    async def _read(self, keys: Keys) -> Snapshot:
+        snapshot = Snapshot()
+        db = self._db
+        try:
+            for chunk in _chunks(keys.buckets):
+                self.round_trips += 1
+                marks = ",".join("?" * len(chunk))
+                for key, count, amount, version, period_end, expires_at in db.execute(
+                    f"SELECT key, count, amount, version, period_end, expires_at "  # noqa: S608
+                    f"FROM buckets WHERE key IN ({marks})",
+                    chunk,
+                ):
+                    snapshot.buckets[key] = Bucket(count, amount, version, period_end, expires_at)
+            for chunk in _chunks(keys.accounts):
+                self.round_trips += 1
+                marks = ",".join("?" * len(chunk))
+                for key, seq, version in db.execute(
+                    f"SELECT id, seq, version FROM accounts WHERE id IN ({marks})",  # noqa: S608
+                    chunk,
+                ):
+                    snapshot.accounts[key] = Account(seq, version)
+            for chunk in _chunks(keys.events):
+                self.round_trips += 1
+                marks = ",".join("?" * len(chunk))
+                for row in db.execute(
+                    "SELECT id, fingerprint, account_id, type, accepted, seq, verdict, amount,"  # noqa: S608
+                    " currency, reversed, buckets, occurred, version, expires_at"
+                    f" FROM events WHERE id IN ({marks})",
+                    chunk,
+                ):
+                    snapshot.events[row[0]] = EventRecord(
+                        fingerprint=row[1],
+                        account_id=row[2],
+                        type=EventType(row[3]),
+                        accepted=bool(row[4]),
+                        seq=row[5],
+                        verdict=bytes(row[6]),
+                        amount=row[7],
+                        currency=row[8],
+                        reversed=row[9],
+                        buckets=tuple(json.loads(row[10])),
+                        occurred=row[11],
+                        version=row[12],
+                        expires_at=row[13],
+                    )
+        except sqlite3.OperationalError as exc:
+            raise _translate(exc) from exc
+        return snapshot
+
+    async def _write(self, writes: Writes) -> None:
+        db = self._db
+        self.round_trips += 1
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise _translate(exc) from exc
+        try:
+            expected = 0
+            before = db.total_changes
+            fresh_b = [(k, b) for k, b in writes.buckets.items() if b.version == 1]
+            old_b = [(k, b) for k, b in writes.buckets.items() if b.version > 1]
+            db.executemany(
+                "INSERT INTO buckets VALUES (?, ?, ?, ?, ?, ?)",
+                [(k, b.count, b.amount, 1, b.period_end, b.expires_at) for k, b in fresh_b],
+            )
+            db.executemany(
+                "UPDATE buckets SET count=?, amount=?, version=?, period_end=?, expires_at=?"
+                " WHERE key=? AND version=?",
+                [
+                    (b.count, b.amount, b.version, b.period_end, b.expires_at, k, b.version - 1)
+                    for k, b in old_b
+                ],
+            )
+            expected += len(fresh_b) + len(old_b)
+            fresh_a = [(k, a) for k, a in writes.accounts.items() if a.version == 1]
+            old_a = [(k, a) for k, a in writes.accounts.items() if a.version > 1]
+            db.executemany(
+                "INSERT INTO accounts VALUES (?, ?, 1)", [(k, a.seq) for k, a in fresh_a]
+            )
+            db.executemany(
+                "UPDATE accounts SET seq=?, version=? WHERE id=? AND version=?",
+                [(a.seq, a.version, k, a.version - 1) for k, a in old_a],
+            )
+            expected += len(fresh_a) + len(old_a)
+            rows = [
+                (
+                    r.fingerprint,
+                    r.account_id,
+                    r.type.value,
+                    int(r.accepted),
+                    r.seq,
+                    r.verdict,
+                    r.amount,
+                    r.currency,
+                    r.reversed,
+                    json.dumps(r.buckets),
+                    r.occurred,
+                    r.version,
+                    r.expires_at,
+                    k,
+                )
+                for k, r in writes.events.items()
+            ]
+            db.executemany(
+                "INSERT INTO events (fingerprint, account_id, type, accepted, seq, verdict,"
+                " amount, currency, reversed, buckets, occurred, version, expires_at, id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [row for row in rows if row[11] == 1],
+            )
+            db.executemany(
+                "UPDATE events SET fingerprint=?, account_id=?, type=?, accepted=?, seq=?,"
+                " verdict=?, amount=?, currency=?, reversed=?, buckets=?, occurred=?,"
+                " version=?, expires_at=? WHERE id=? AND version=?",
+                [(*row, row[11] - 1) for row in rows if row[11] > 1],
+            )
+            expected += len(rows)
+            if db.total_changes - before != expected:
+                raise ConflictError("a record changed since it was read")
+            db.execute("COMMIT")
+        except sqlite3.IntegrityError as exc:
+            db.execute("ROLLBACK")
+            raise ConflictError("a record was created since it was read") from exc
+        except ConflictError:
+            db.execute("ROLLBACK")
+            raise
+        except sqlite3.Error as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise _translate(exc) from exc
+
+    async def close(self) -> None:
+        self._db.close()
+
+
+def _translate(exc: sqlite3.Error) -> Exception:
+    text = str(exc)
+    if "no such table" in text:
+        return StoreNotInitialized("SQLite tables are missing: run `limitflow store init`")
+    return StoreUnavailable(f"SQLite: {text}")

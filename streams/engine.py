@@ -1,0 +1,176 @@
+"""Runs batches of raw records through the decision core and a store.
+
+The one place that joins the pure core to I/O, shared by ``limitflow replay``, the Kafka
+consumer and the faust agent. Per batch: parse, plan, read everything in (at most) two
+round trips, decide in input order, and commit in as few atomic writes as the store
+allows. A ``ConflictError`` (another writer got there first) re-reads and decides the
+uncommitted rest again; what was committed before stays, and is recognised as a
+duplicate with its stored verdict if the batch is seen again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from handlers.decide import Applied, Decider, Outcome, OutcomeKind
+from handlers.state import WorkingState
+from limitflow.errors import ConflictError
+from schemas.events import DeadLetterError, Event, EventRejected, decode_json, parse_event
+from schemas.verdicts import Decision, Reason
+from stores.base import Store
+
+log = logging.getLogger("limitflow.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One input record and where it came from."""
+
+    raw: bytes
+    source: dict[str, str | int]
+    """``{"line": N}`` for a file, ``{"topic", "partition", "offset"}`` for Kafka."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What one input record became: a verdict, or a dead letter."""
+
+    record: Record
+    kind: OutcomeKind
+    verdict: bytes | None = None
+    decision: Decision | None = None
+    reason: Reason | None = None
+    event_id: str | None = None
+    account_id: str | None = None
+    error: DeadLetterError | None = None
+    detail: str | None = None
+
+
+@dataclass(slots=True)
+class BatchStats:
+    """Counters of one ``Engine``'s work, for metrics and benchmarks."""
+
+    batches: int = 0
+    conflicts: int = 0
+    commits: int = 0
+    by_kind: dict[OutcomeKind, int] = field(default_factory=dict)
+
+
+class Engine:
+    """Decides batches of records against a store."""
+
+    def __init__(self, decider: Decider, store: Store, *, max_conflict_retries: int = 50):
+        self.decider = decider
+        self.store = store
+        self.max_conflict_retries = max_conflict_retries
+        self.stats = BatchStats()
+
+    async def process(self, records: Sequence[Record]) -> list[Result]:
+        """Results for ``records``, in order, once every state change is committed.
+
+        Raises a retriable ``StoreError`` when the store is unavailable; nothing of the
+        uncommitted part of the batch is then stored, and calling again is safe.
+        """
+        self.stats.batches += 1
+        results: list[Result | None] = [None] * len(records)
+        pending: list[tuple[int, Event, tuple[Applied, ...]]] = []
+        for index, record in enumerate(records):
+            try:
+                event = parse_event(record.raw)
+                pending.append((index, event, self.decider.plan(event)))
+            except EventRejected as exc:
+                results[index] = Result(
+                    record,
+                    OutcomeKind.DEAD_LETTER,
+                    error=exc.error,
+                    detail=exc.detail,
+                    event_id=_event_id_hint(record.raw),
+                )
+        attempt = 0
+        while pending:
+            try:
+                pending = await self._decide_and_commit(records, pending, results)
+            except ConflictError:
+                attempt += 1
+                self.stats.conflicts += 1
+                if attempt > self.max_conflict_retries:
+                    raise
+                # contention on shared buckets: back off with jitter, then re-read
+                await asyncio.sleep(random.uniform(0, min(0.5, 0.002 * 2**attempt)))  # noqa: S311
+        for result in results:
+            assert result is not None
+            self.stats.by_kind[result.kind] = self.stats.by_kind.get(result.kind, 0) + 1
+        return results  # type: ignore[return-value]
+
+    async def _decide_and_commit(
+        self,
+        records: Sequence[Record],
+        pending: list[tuple[int, Event, tuple[Applied, ...]]],
+        results: list[Result | None],
+    ) -> list[tuple[int, Event, tuple[Applied, ...]]]:
+        """Decide and commit ``pending``; on conflict, raise after keeping committed units.
+
+        Returns the still-pending items (empty when all were committed).
+        """
+        decider = self.decider
+        events = [event for _, event, _ in pending]
+        keys = decider.keys(events, [plan for _, _, plan in pending])
+        snapshot = await self.store.load(keys)
+        state = WorkingState(snapshot)
+        more = decider.reversal_keys(events, state, keys)
+        if more:
+            snapshot.merge(await self.store.load(more))
+        limit = self.store.max_records_per_commit
+        room = None if limit is None else limit - decider.max_records_per_event
+        unit_start = 0
+        unit: list[tuple[int, Outcome, Event]] = []
+        for position, (index, event, plan) in enumerate(pending):
+            if room is not None and state.pending > room:
+                await self._commit(state, unit, records, results, pending, unit_start)
+                unit, unit_start = [], position
+            unit.append((index, decider.decide(event, plan, state), event))
+        await self._commit(state, unit, records, results, pending, unit_start)
+        return []
+
+    async def _commit(
+        self,
+        state: WorkingState,
+        unit: list[tuple[int, Outcome, Event]],
+        records: Sequence[Record],
+        results: list[Result | None],
+        pending: list[tuple[int, Event, tuple[Applied, ...]]],
+        unit_start: int,
+    ) -> None:
+        try:
+            await self.store.commit(state.take_writes())
+        except ConflictError:
+            # keep only what is committed; the caller re-reads and redoes the rest
+            del pending[:unit_start]
+            raise
+        self.stats.commits += 1
+        for index, outcome, event in unit:
+            results[index] = Result(
+                records[index],
+                outcome.kind,
+                verdict=outcome.verdict,
+                decision=outcome.decision,
+                reason=outcome.reason,
+                event_id=event.event_id,
+                account_id=event.account_id,
+                error=outcome.error,
+                detail=outcome.detail,
+            )
+
+
+def _event_id_hint(raw: bytes) -> str | None:
+    """The event_id of a rejected record when it can be read, to help tracing."""
+    try:
+        doc = decode_json(raw)
+    except EventRejected:
+        return None
+    value = doc.get("event_id") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) else None

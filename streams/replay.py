@@ -1,0 +1,122 @@
+"""``limitflow replay``: a file of events in, verdicts and dead letters out, in order."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from handlers.decide import OutcomeKind
+from schemas.verdicts import dead_letter, verdict_encoder
+from streams.engine import Engine, Record, Result
+
+
+@dataclass(slots=True)
+class ReplaySummary:
+    """Counts of one replay, printed at the end."""
+
+    lines: int = 0
+    verdicts: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    seconds: float = 0.0
+
+
+def read_batches(source: BinaryIO, batch_size: int) -> Iterator[list[Record]]:
+    """Non-blank lines as records with their 1-based line numbers, in batches."""
+    batch: list[Record] = []
+    for number, line in enumerate(source, start=1):
+        raw = line.rstrip(b"\r\n")
+        if not raw.strip():
+            continue
+        batch.append(Record(raw, {"line": number}))
+        if len(batch) >= batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class _Progress:
+    """A one-line progress display on stderr, only when stderr is a terminal."""
+
+    def __init__(self, total_bytes: int | None) -> None:
+        self.enabled = sys.stderr.isatty()
+        self.total = total_bytes
+        self.last = 0.0
+
+    def update(self, summary: ReplaySummary, position: int | None, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < 0.2 and not force):
+            return
+        self.last = now
+        rate = summary.lines / summary.seconds if summary.seconds else 0.0
+        share = ""
+        if self.total and position is not None:
+            done = min(position / self.total, 1.0)
+            bar = "#" * int(done * 30)
+            share = f"[{bar:<30}] {done:4.0%} "
+        sys.stderr.write(
+            f"\r{share}{summary.lines:,} events  {summary.accepted:,} accepted  "
+            f"{summary.rejected:,} rejected  {summary.dead_letters:,} dead  {rate:,.0f}/s "
+        )
+        if force:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+async def replay(
+    engine: Engine,
+    source: BinaryIO,
+    verdicts: BinaryIO,
+    dead_letters: BinaryIO,
+    *,
+    batch_size: int = 2_000,
+    total_bytes: int | None = None,
+) -> ReplaySummary:
+    """Decide every event of ``source``; each non-blank line goes to exactly one output."""
+    summary = ReplaySummary()
+    progress = _Progress(total_bytes)
+    started = time.perf_counter()
+    for batch in read_batches(source, batch_size):
+        results = await engine.process(batch)
+        verdicts.write(b"".join(_verdict_line(r, summary) for r in results))
+        dead_letters.write(b"".join(_dead_line(r, summary) for r in results))
+        summary.lines += len(batch)
+        summary.seconds = time.perf_counter() - started
+        position = source.tell() if total_bytes else None
+        progress.update(summary, position)
+    verdicts.flush()
+    dead_letters.flush()
+    summary.seconds = time.perf_counter() - started
+    progress.update(summary, total_bytes, force=True)
+    return summary
+
+
+def _verdict_line(result: Result, summary: ReplaySummary) -> bytes:
+    if result.kind is OutcomeKind.DEAD_LETTER:
+        return b""
+    summary.verdicts += 1
+    if result.kind is OutcomeKind.DUPLICATE:
+        summary.duplicates += 1
+    elif result.decision == "accept":
+        summary.accepted += 1
+    else:
+        summary.rejected += 1
+    assert result.verdict is not None
+    return result.verdict + b"\n"
+
+
+def _dead_line(result: Result, summary: ReplaySummary) -> bytes:
+    if result.kind is not OutcomeKind.DEAD_LETTER:
+        return b""
+    summary.dead_letters += 1
+    assert result.error is not None and result.detail is not None
+    letter = dead_letter(
+        result.error, result.detail, result.record.raw, result.record.source, result.event_id
+    )
+    return verdict_encoder.encode(letter) + b"\n"
