@@ -52,10 +52,13 @@ class _CompiledRule:
     __slots__ = (
         "amount_exp",
         "clock",
+        "count_limit_text",
         "currency",
         "match",
         "max_amount",
+        "max_amount_text",
         "max_count",
+        "prefix",
         "rule",
         "scope",
         "simple_scope",
@@ -75,6 +78,13 @@ class _CompiledRule:
         self.amount_exp = MINOR_UNITS[rule.currency] if rule.currency else None
         self.clock = clock_for(rule.timezone)
         self.span = PERIOD_SPAN[rule.window]
+        self.prefix = rule.id + "|"
+        self.count_limit_text = None if rule.max_count is None else str(rule.max_count)
+        self.max_amount_text = (
+            None
+            if rule.max_amount is None or self.amount_exp is None
+            else format_minor(rule.max_amount, self.amount_exp)
+        )
 
 
 class Applied(NamedTuple):
@@ -154,7 +164,8 @@ class Decider:
                 applied.append(Applied(c, period, None, None))
             else:
                 end = None if c.span is None else event.epoch + c.span
-                applied.append(Applied(c, period, bucket_key(c.rule.id, period, values), end))
+                key = c.prefix + period + "|" + "|".join([escape(v) for v in values])
+                applied.append(Applied(c, period, key, end))
         return tuple(applied)
 
     @staticmethod
@@ -204,53 +215,68 @@ class Decider:
             return self._payment(event, applied, state)
         return self._reversal(event, state)
 
-    def _payment(self, event: Event, applied: tuple[Applied, ...], state: WorkingState) -> Outcome:
+    def _payment(
+        self, event: Event, applied: tuple[Applied, ...], state: WorkingState
+    ) -> Outcome:
         amount = event.amount
         assert amount is not None
         violations: list[Violation] = []
+        seen: list[tuple[int, int]] = []  # (count, used) of each applied rule before this event
+        buckets = state.snapshot.buckets
         for a in applied:
             c = a.rule
             if a.key is None:  # transaction window: the event alone against the limit
+                seen.append((0, 0))
                 if c.max_amount is not None and amount > c.max_amount:
                     violations.append(
                         Violation(
                             c.rule.id,
                             Metric.AMOUNT,
                             a.period,
-                            format_minor(c.max_amount, c.amount_exp or 0),
-                            "0" if not c.amount_exp else format_minor(0, c.amount_exp),
+                            c.max_amount_text or "",
+                            format_minor(0, c.amount_exp or 0),
                         )
                     )
                 continue
-            bucket = state.bucket(a.key)
+            bucket = buckets.get(a.key)
             count, used = (bucket.count, bucket.amount) if bucket is not None else (0, 0)
-            if c.max_count is not None and count + 1 > c.max_count:
+            seen.append((count, used))
+            if c.max_count is not None and count >= c.max_count:
                 violations.append(
-                    Violation(c.rule.id, Metric.COUNT, a.period, str(c.max_count), str(count))
+                    Violation(
+                        c.rule.id, Metric.COUNT, a.period, c.count_limit_text or "", str(count)
+                    )
                 )
             if c.max_amount is not None and used + amount > c.max_amount:
-                exp = c.amount_exp or 0
                 violations.append(
                     Violation(
                         c.rule.id,
                         Metric.AMOUNT,
                         a.period,
-                        format_minor(c.max_amount, exp),
-                        format_minor(used, exp),
+                        c.max_amount_text or "",
+                        format_minor(used, c.amount_exp or 0),
                     )
                 )
         accepted = not violations
-        buckets: tuple[str, ...] = ()
+        keys: tuple[str, ...] = ()
+        limits: list[LimitState] = []
         if accepted:
-            for a in applied:
+            for a, (count, used) in zip(applied, seen, strict=True):
                 if a.key is not None:
                     bucket = state.bucket_for_update(a.key, a.period_end)
-                    bucket.count += 1
-                    bucket.amount += amount
-            buckets = tuple(a.key for a in applied if a.key is not None)
-        limits = [self._limit_state(a, state, amount) for a in applied]
-        decision = Decision.ACCEPT if accepted else Decision.REJECT
-        reason = None if accepted else Reason.LIMIT_EXCEEDED
+                    bucket.count = count = count + 1
+                    bucket.amount = used = used + amount
+                else:
+                    count, used = 1, amount
+                limits.append(_limit_state(a, count, used))
+            keys = tuple(a.key for a in applied if a.key is not None)
+            decision, reason = Decision.ACCEPT, None
+        else:
+            for a, (count, used) in zip(applied, seen, strict=True):
+                limits.append(
+                    _limit_state(a, 1, amount) if a.key is None else _limit_state(a, count, used)
+                )
+            decision, reason = Decision.REJECT, Reason.LIMIT_EXCEEDED
         account = state.account_for_update(event.account_id)
         account.seq += 1
         encoded = verdict_encoder.encode(
@@ -281,34 +307,11 @@ class Decider:
                 verdict=encoded,
                 amount=amount if accepted else 0,
                 currency=event.currency,
-                buckets=buckets,
+                buckets=keys,
                 occurred=event.epoch,
             ),
         )
         return Outcome(OutcomeKind.VERDICT, encoded, decision, reason)
-
-    def _limit_state(self, a: Applied, state: WorkingState, amount: int) -> LimitState:
-        c = a.rule
-        if a.key is None:
-            count = 1
-            used = amount
-        else:
-            bucket = state.bucket(a.key)
-            count, used = (bucket.count, bucket.amount) if bucket is not None else (0, 0)
-        exp = c.amount_exp
-        return LimitState(
-            c.rule.id,
-            c.window,
-            a.period,
-            count,
-            c.max_count,
-            None if c.max_count is None else max(c.max_count - count, 0),
-            None if exp is None else format_minor(used, exp),
-            None if c.max_amount is None or exp is None else format_minor(c.max_amount, exp),
-            None
-            if c.max_amount is None or exp is None
-            else format_minor(max(c.max_amount - used, 0), exp),
-        )
 
     def _reversal(self, event: Event, state: WorkingState) -> Outcome:
         assert event.original_event_id is not None
@@ -416,6 +419,27 @@ class Decider:
             if max_amount is None or exp is None
             else format_minor(max(max_amount - used, 0), exp),
         )
+
+
+def _limit_state(a: Applied, count: int, used: int) -> LimitState:
+    """A rule's bucket after the decision; ``count``/``used`` are its values then."""
+    c = a.rule
+    exp = c.amount_exp
+    max_count = c.max_count
+    max_amount = c.max_amount
+    return LimitState(
+        c.rule.id,
+        c.window,
+        a.period,
+        count,
+        max_count,
+        None if max_count is None else (max_count - count if count < max_count else 0),
+        None if exp is None else format_minor(used, exp),
+        c.max_amount_text,
+        None
+        if max_amount is None or exp is None
+        else format_minor(max_amount - used if used < max_amount else 0, exp),
+    )
 
 
 def _show_amount(amount: int | None, currency: str | None, event: Event) -> str | None:

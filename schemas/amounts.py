@@ -70,6 +70,9 @@ def format_minor(minor: int, exponent: int) -> str:
     """Render minor units as a plain decimal string with exactly ``exponent`` digits."""
     if exponent == 0:
         return str(minor)
-    sign = "-" if minor < 0 else ""
-    whole, frac = divmod(abs(minor), 10**exponent)
-    return f"{sign}{whole}.{frac:0{exponent}d}"
+    if minor < 0:
+        return "-" + format_minor(-minor, exponent)
+    digits = str(minor)
+    if len(digits) <= exponent:
+        digits = "0" * (exponent + 1 - len(digits)) + digits
+    return digits[:-exponent] + "." + digits[-exponent:]
