@@ -9,7 +9,9 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 
-def events(count: int, *, accounts: int = 20_000, seed: int = 7, start: str = "2026-03-01") -> list[bytes]:
+def events(
+    count: int, *, accounts: int = 20_000, seed: int = 7, start: str = "2026-03-01"
+) -> list[bytes]:
     """``count`` JSON lines: mostly CNY payments, some JPY, ~2% reversals, ~1% resends."""
     rng = random.Random(seed)
     moment = datetime.fromisoformat(start).replace(tzinfo=UTC)
