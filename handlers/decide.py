@@ -215,9 +215,7 @@ class Decider:
             return self._payment(event, applied, state)
         return self._reversal(event, state)
 
-    def _payment(
-        self, event: Event, applied: tuple[Applied, ...], state: WorkingState
-    ) -> Outcome:
+    def _payment(self, event: Event, applied: tuple[Applied, ...], state: WorkingState) -> Outcome:
         amount = event.amount
         assert amount is not None
         violations: list[Violation] = []

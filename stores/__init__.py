@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from limitflow.errors import ConfigError
@@ -26,16 +28,19 @@ def _retention(query: dict[str, list[str]]) -> Retention:
         raise ConfigError(f"retention days must be numbers: {exc}") from None
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, clock: Callable[[], float] = time.time) -> Store:
     """Build the store a URL names: ``memory://``, ``sqlite:///PATH``, ``mongodb://…``,
-    ``dynamodb://PREFIX?endpoint_url=…``. Nothing is contacted until first use."""
+    ``dynamodb://PREFIX?endpoint_url=…``. Nothing is contacted until first use.
+
+    ``clock`` is the wall clock used only for record expiry (tests inject one).
+    """
     parts = urlsplit(url)
     query = parse_qs(parts.query)
     retention = _retention(query)
     if parts.scheme == "memory":
         from stores.memory import MemoryStore
 
-        return MemoryStore(retention)
+        return MemoryStore(retention, clock)
     if parts.scheme == "sqlite":
         from stores.sqlite import SqliteStore
 
@@ -43,13 +48,13 @@ def open_store(url: str) -> Store:
         path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
         if not path:
             raise ConfigError(f"{url}: expected sqlite:///PATH")
-        return SqliteStore(path, retention)
+        return SqliteStore(path, retention, clock=clock)
     if parts.scheme in ("mongodb", "mongodb+srv"):
         from stores.mongo import MongoStore
 
-        return MongoStore.from_url(url, retention)
+        return MongoStore.from_url(url, retention, clock)
     if parts.scheme == "dynamodb":
         from stores.dynamo import DynamoStore
 
-        return DynamoStore.from_url(url, retention)
+        return DynamoStore.from_url(url, retention, clock)
     raise ConfigError(f"{url}: unknown store; use one of {', '.join(s + '://' for s in SCHEMES)}")

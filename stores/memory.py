@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError
-from stores.base import Store
+from stores.base import Retention, Store
 
 
 class MemoryStore(Store):
     """Dicts of records. Lost when the process ends."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self, retention: Retention | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        super().__init__(retention, clock)
         self.buckets: dict[str, Bucket] = {}
         self.accounts: dict[str, Account] = {}
         self.events: dict[str, EventRecord] = {}
