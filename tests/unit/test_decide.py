@@ -1,0 +1,236 @@
+"""The decision contract, rule by rule, on the memory store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from handlers.decide import Decider, OutcomeKind
+from schemas.rules import parse_rules
+from stores.memory import MemoryStore
+from streams.engine import Engine, Record
+
+RULES = """
+rules:
+  - {id: day, window: day, timezone: Asia/Shanghai, currency: CNY, max_count: 3,
+     max_amount: "100.00"}
+  - {id: merchant, scope: merchant_id, window: hour, currency: CNY, max_amount: "150.00"}
+  - {id: single, window: transaction, currency: CNY, max_amount: "80.00"}
+  - {id: atm, window: day, currency: CNY, max_amount: "30.00", match: {channel: [atm]}}
+  - {id: card-month, scope: [card_id, merchant_id], window: month, max_count: 5}
+"""
+
+
+def pay(event_id: str, amount: str, at: str = "2026-03-14T10:00:00+08:00", **extra: Any) -> str:
+    doc = {
+        "event_id": event_id,
+        "account_id": extra.pop("account_id", "a1"),
+        "amount": amount,
+        "currency": extra.pop("currency", "CNY"),
+        "occurred_at": at,
+        **extra,
+    }
+    return json.dumps(doc)
+
+
+def reverse(event_id: str, original: str, amount: str | None = None, **extra: Any) -> str:
+    doc = {
+        "event_id": event_id,
+        "type": "reversal",
+        "account_id": extra.pop("account_id", "a1"),
+        "original_event_id": original,
+        "occurred_at": "2026-03-14T12:00:00+08:00",
+        **extra,
+    }
+    if amount is not None:
+        doc["amount"] = amount
+    return json.dumps(doc)
+
+
+def run(*lines: str, rules: str = RULES, store: MemoryStore | None = None) -> list[Any]:
+    """Each line's verdict as a dict, or ("dead", code)."""
+    engine = Engine(Decider(parse_rules(rules)), store or MemoryStore())
+    results = asyncio.run(
+        engine.process([Record(line.encode(), {"line": n}) for n, line in enumerate(lines, 1)])
+    )
+    out: list[Any] = []
+    for result in results:
+        if result.kind is OutcomeKind.DEAD_LETTER:
+            out.append(("dead", str(result.error)))
+        else:
+            assert result.verdict is not None
+            out.append(json.loads(result.verdict))
+    return out
+
+
+def test_accept_adds_to_every_applicable_bucket() -> None:
+    first, second = run(pay("e1", "40.00", merchant_id="m1"), pay("e2", "50.00", merchant_id="m1"))
+    assert (first["decision"], first["reason"], first["seq"]) == ("accept", None, 1)
+    limits = {x["rule_id"]: x for x in second["limits"]}
+    assert limits["day"]["count_used"] == 2
+    assert limits["day"]["amount_used"] == "90.00"
+    assert limits["day"]["amount_remaining"] == "10.00"
+    assert limits["merchant"]["amount_used"] == "90.00"
+    assert "atm" not in limits  # match on channel fails: not applicable
+    assert "card-month" not in limits  # card_id missing: not applicable
+
+
+def test_reject_lists_every_violation_and_changes_nothing() -> None:
+    verdicts = run(
+        pay("e1", "60.00", merchant_id="m1"),
+        pay("e2", "90.00", merchant_id="m1"),  # day amount and single-payment limit
+        pay("e3", "40.00", merchant_id="m1"),  # fits: e2 counted nothing
+    )
+    rejected = verdicts[1]
+    assert (rejected["decision"], rejected["reason"]) == ("reject", "limit_exceeded")
+    assert sorted(
+        (v["rule_id"], v["metric"], v["used"], v["limit"]) for v in rejected["violations"]
+    ) == [
+        ("day", "amount", "60.00", "100.00"),
+        ("single", "amount", "0.00", "80.00"),
+    ]
+    accepted = verdicts[2]
+    assert accepted["decision"] == "accept"
+    assert {x["rule_id"]: x["amount_used"] for x in accepted["limits"]}["day"] == "100.00"
+
+
+def test_count_limit_and_used_is_the_value_before_the_event() -> None:
+    verdicts = run(*(pay(f"e{n}", "1.00", at=f"2026-03-14T10:0{n}:00+08:00") for n in range(5)))
+    assert [v["decision"] for v in verdicts] == ["accept"] * 3 + ["reject"] * 2
+    assert verdicts[3]["violations"] == [
+        {"rule_id": "day", "metric": "count", "period": "2026-03-14", "limit": "3", "used": "3"}
+    ]
+
+
+def test_periods_follow_the_event_time_in_the_rule_zone() -> None:
+    # 23:30 and 00:30 local time are different Shanghai days even though both are
+    # 2026-03-14 in UTC; the limit resets on the event's own clock, not the wall clock
+    verdicts = run(
+        pay("e1", "70.00", at="2026-03-14T23:30:00+08:00", merchant_id="m1"),
+        pay("e2", "50.00", at="2026-03-15T00:30:00+08:00", merchant_id="m2"),
+        pay("e3", "50.00", at="2026-03-14T15:50:00Z", merchant_id="m3"),
+    )
+    assert [v["decision"] for v in verdicts] == ["accept", "accept", "reject"]
+    assert verdicts[2]["violations"][0]["period"] == "2026-03-14"
+
+
+def test_match_and_multi_field_scope() -> None:
+    verdicts = run(
+        pay("e1", "25.00", channel="atm"),
+        pay("e2", "10.00", channel="atm"),
+        *(pay(f"c{n}", "1.00", card_id="k1", merchant_id="m9") for n in range(6)),
+        rules=RULES.replace("max_count: 3,", "max_count: 30,"),
+    )
+    assert [v["decision"] for v in verdicts[:2]] == ["accept", "reject"]
+    assert verdicts[1]["violations"][0]["rule_id"] == "atm"
+    assert [v["decision"] for v in verdicts[2:]] == ["accept"] * 5 + ["reject"]
+    assert verdicts[7]["violations"][0]["rule_id"] == "card-month"
+
+
+def test_currency_filter() -> None:
+    verdicts = run(pay("e1", "500", currency="JPY"), pay("e2", "500", currency="JPY"))
+    assert [v["decision"] for v in verdicts] == ["accept", "accept"]
+    assert verdicts[0]["limits"] == []
+
+
+def test_seq_is_per_account_without_gaps_and_duplicates_reuse_it() -> None:
+    verdicts = run(
+        pay("e1", "1.00"),
+        pay("x1", "1.00", account_id="b"),
+        pay("e2", "500.00"),  # rejected: still gets a seq
+        "not json",  # dead letters get none
+        pay("e1", "1.00"),  # duplicate: the original verdict again
+        pay("e3", "1.00"),
+    )
+    assert [v["seq"] if isinstance(v, dict) else v for v in verdicts] == [
+        1,
+        1,
+        2,
+        ("dead", "invalid_json"),
+        1,
+        3,
+    ]
+    assert verdicts[4] == verdicts[0]
+
+
+def test_duplicate_is_identical_even_after_state_changed() -> None:
+    store = MemoryStore()
+    (first,) = run(pay("e1", "60.00"), store=store)
+    run(pay("e2", "40.00"), store=store)
+    again, conflict, same_instant = run(
+        pay("e1", "60.00"),
+        pay("e1", "61.00"),
+        pay("e1", "60", at="2026-03-14T02:00:00Z"),  # same number, same instant
+        store=store,
+    )
+    assert again == first
+    assert conflict == ("dead", "idempotency_conflict")
+    assert same_instant == first
+
+
+def test_reversal_releases_amount_then_count_when_fully_reversed() -> None:
+    verdicts = run(
+        pay("p1", "60.00", merchant_id="m1"),
+        pay("p2", "30.00", merchant_id="m1"),
+        reverse("r1", "p1", "20.00"),
+        reverse("r2", "p1"),  # the rest: 40.00, and now the count too
+        pay("p3", "50.00", merchant_id="m1"),
+        pay("p4", "10.00", merchant_id="m1"),
+    )
+    assert [v["decision"] for v in verdicts] == ["accept"] * 6
+    released = {x["rule_id"]: x for x in verdicts[2]["limits"]}
+    assert (released["day"]["count_used"], released["day"]["amount_used"]) == (2, "70.00")
+    assert verdicts[3]["amount"] == "40.00"
+    released = {x["rule_id"]: x for x in verdicts[3]["limits"]}
+    assert (released["day"]["count_used"], released["day"]["amount_used"]) == (1, "30.00")
+    assert {x["rule_id"]: x["count_used"] for x in verdicts[5]["limits"]}["day"] == 3
+
+
+def test_reversal_reasons() -> None:
+    verdicts = run(
+        pay("p1", "60.00"),
+        pay("big", "500.00"),  # rejected
+        pay("other", "5.00", account_id="b"),
+        reverse("r0", "nope"),
+        reverse("r1", "other"),  # another account's payment
+        reverse("r2", "big"),
+        reverse("r3", "p1", "70.00"),
+        reverse("r4", "p1"),
+        reverse("r5", "p1"),
+        reverse("r6", "r4"),  # a reversal is not a payment
+        "{broken",
+        reverse("r7", "dead"),
+    )
+    reasons = [v["reason"] if isinstance(v, dict) else v for v in verdicts[3:]]
+    assert reasons == [
+        "original_not_found",
+        "original_not_found",
+        "original_not_accepted",
+        "reversal_exceeds_original",
+        None,
+        "already_reversed",
+        "original_not_found",
+        ("dead", "invalid_json"),
+        "original_not_found",
+    ]
+
+
+def test_reversal_in_another_currency_is_refused() -> None:
+    verdicts = run(pay("p1", "60.00"), reverse("r1", "p1", "10", currency="JPY"))
+    assert verdicts[1] == ("dead", "invalid_event")
+
+
+def test_reversal_amount_without_currency_uses_the_original_minor_unit() -> None:
+    verdicts = run(pay("p1", "60.00"), reverse("r1", "p1", "10.5"), reverse("r2", "p1", "0.001"))
+    assert (verdicts[1]["decision"], verdicts[1]["amount"], verdicts[1]["currency"]) == (
+        "accept",
+        "10.50",
+        "CNY",
+    )
+    assert verdicts[2] == ("dead", "invalid_event")
+
+
+def test_non_scalar_scope_value_is_dead_lettered_not_skipped() -> None:
+    (verdict,) = run(pay("p1", "1.00", merchant_id={"id": 1}))
+    assert verdict == ("dead", "invalid_event")

@@ -1,0 +1,65 @@
+"""The checked-in JSON Schemas match the models, and real messages validate against them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from handlers.decide import Decider, OutcomeKind
+from schemas.generate import MODELS, OUT, render
+from schemas.rules import load_rules
+from schemas.verdicts import dead_letter, verdict_encoder
+from stores.memory import MemoryStore
+from streams.engine import Engine, Record
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def schema(name: str) -> dict[str, object]:
+    loaded: dict[str, object] = json.loads((OUT / f"{name}.schema.json").read_text())
+    return loaded
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_checked_in_schema_is_current(name: str) -> None:
+    assert (OUT / f"{name}.schema.json").read_text() == render(name), (
+        "run: python -m schemas.generate"
+    )
+
+
+def test_example_messages_validate() -> None:
+    lines = [line for line in (EXAMPLES / "events.jsonl").read_bytes().splitlines() if line]
+    engine = Engine(Decider(load_rules(str(EXAMPLES / "rules.yaml"))), MemoryStore())
+    results = asyncio.run(engine.process([Record(line, {"line": 1}) for line in lines]))
+    kinds = {result.kind for result in results}
+    assert kinds == {OutcomeKind.VERDICT, OutcomeKind.DUPLICATE, OutcomeKind.DEAD_LETTER}
+    event_schema, verdict_schema, dead_schema = (
+        schema("event"),
+        schema("verdict"),
+        schema("dead_letter"),
+    )
+    for result in results:
+        if result.kind is OutcomeKind.DEAD_LETTER:
+            assert result.error is not None and result.detail is not None
+            letter = dead_letter(result.error, result.detail, result.record.raw, {"line": 1})
+            jsonschema.validate(json.loads(verdict_encoder.encode(letter)), dead_schema)
+        else:
+            jsonschema.validate(json.loads(result.record.raw), event_schema)
+            assert result.verdict is not None
+            jsonschema.validate(json.loads(result.verdict), verdict_schema)
+
+
+def test_example_rules_validate() -> None:
+    jsonschema.validate(yaml.safe_load((EXAMPLES / "rules.yaml").read_text()), schema("rules"))
+
+
+def test_event_schema_refuses_a_naive_time() -> None:
+    event = {"event_id": "e", "account_id": "a", "amount": "1", "currency": "CNY"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**event, "occurred_at": "2026-03-14 14:20:00"}, schema("event"))
+    jsonschema.validate({**event, "occurred_at": "2026-03-14T14:20:00+08:00"}, schema("event"))
