@@ -1,0 +1,146 @@
+"""Throughput and memory of the decision core and of ``limitflow replay``.
+
+    python -m benchmarks.replay                 # 200,000 events, then a 1,000,000-event memory run
+    python -m benchmarks.replay --events 50000 --memory-events 0
+
+Prints decisions/s of the core alone (parsed events, plan + decide, no store), events/s
+of ``limitflow replay`` with ``memory://`` and ``sqlite://`` (whole command, as a user
+runs it: process start, parsing, store, writing both outputs) and the peak RSS of a
+replay of ``--memory-events`` events. Not a test: figures vary with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.generate import events
+from handlers.decide import Decider
+from handlers.state import Snapshot, WorkingState
+from schemas.events import EventRejected, parse_event
+from schemas.rules import load_rules
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES = ROOT / "examples" / "rules.yaml"
+
+
+def core(lines: list[bytes]) -> tuple[float, float]:
+    """(decisions/s of plan+decide, events/s of parse alone) on one core."""
+    started = time.perf_counter()
+    parsed = []
+    for line in lines:
+        with contextlib.suppress(EventRejected):  # the generator makes valid events
+            parsed.append(parse_event(line))
+    parse_rate = len(lines) / (time.perf_counter() - started)
+    decider = Decider(load_rules(str(RULES)))
+    state = WorkingState(Snapshot())
+    started = time.perf_counter()
+    for event in parsed:
+        decider.decide(event, decider.plan(event), state)
+    return len(parsed) / (time.perf_counter() - started), parse_rate
+
+
+def replay(path: Path, store: str) -> tuple[float, int]:
+    """(wall seconds, peak RSS KiB) of one ``limitflow replay`` process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    started = time.perf_counter()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "limitflow",
+            "replay",
+            "--rules",
+            str(RULES),
+            "--input",
+            str(path),
+            "--output",
+            os.devnull,
+            "--dead-letter",
+            os.devnull,
+            "--store",
+            store,
+        ],
+        check=True,
+        stderr=subprocess.DEVNULL,
+    )
+    elapsed = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return elapsed, max(peak, before)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--memory-events", type=int, default=1_000_000)
+    parser.add_argument("--accounts", type=int, default=20_000)
+    args = parser.parse_args()
+    lines = events(args.events, accounts=args.accounts)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "events.jsonl"
+        path.write_bytes(b"\n".join(lines) + b"\n")
+        decisions, parses = core(lines)
+        print(f"events: {args.events:,}, rules: {RULES.name} (6 rules), cpu: {os.cpu_count()}")
+        print(f"core (plan + decide, no I/O)     {decisions:>10,.0f} decisions/s")
+        print(f"parse + validate                 {parses:>10,.0f} events/s")
+        for name, store in (
+            ("memory://", "memory://"),
+            ("sqlite://", f"sqlite:///{Path(tmp) / 'state.db'}"),
+        ):
+            seconds, _ = replay(path, store)
+            print(f"limitflow replay {name:<15} {args.events / seconds:>10,.0f} events/s")
+        if args.memory_events:
+            big = Path(tmp) / "big.jsonl"
+            with big.open("wb") as out:
+                for line in events(args.memory_events, accounts=200_000, seed=11):
+                    out.write(line + b"\n")
+            for name, store in (
+                ("memory://", "memory://"),
+                ("sqlite://", f"sqlite:///{Path(tmp) / 'big.db'}"),
+            ):
+                code = (
+                    "import resource,runpy,sys;"
+                    "sys.argv=['limitflow']+sys.argv[1:];"
+                    'exec(\'try:\\n runpy.run_module("limitflow",run_name="__main__")\\n'
+                    "except SystemExit: pass');"
+                    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,file=sys.stderr)"
+                )
+                started = time.perf_counter()
+                done = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        code,
+                        "replay",
+                        "--rules",
+                        str(RULES),
+                        "--input",
+                        str(big),
+                        "--output",
+                        os.devnull,
+                        "--dead-letter",
+                        os.devnull,
+                        "--store",
+                        store,
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                seconds = time.perf_counter() - started
+                peak_kib = int(done.stderr.strip().splitlines()[-1])
+                print(
+                    f"replay of {args.memory_events:,} events, {name:<10} peak RSS "
+                    f"{peak_kib / 1024:,.0f} MiB ({args.memory_events / seconds:,.0f} events/s)"
+                )
+
+
+if __name__ == "__main__":
+    main()
