@@ -124,7 +124,8 @@ def _timestamp(value: object) -> tuple[str, int, int]:
             f"occurred_at: {value!r} is not an RFC 3339 date-time",
         )
     try:
-        moment = datetime.fromisoformat(value)
+        # RFC 3339 allows a lower-case "z"; Python 3.11's fromisoformat does not
+        moment = datetime.fromisoformat(value[:-1] + "Z" if value[-1] == "z" else value)
     except ValueError:
         raise EventRejected(
             DeadLetterError.INVALID_EVENT, f"occurred_at: {value!r} is not an RFC 3339 date-time"
