@@ -416,15 +416,24 @@ def test_sqlite_state_survives_between_runs(tmp_path: Path, replay: Replay) -> N
     _, first_out, first_dead = replay(FILE_A, store)
     assert summary(jsonl(first_out)) == FILE_A_VERDICTS
 
-    # a later file continues from the saved state: seq goes on, counts add up
-    later = [pay("p6"), pay("q2", account="a2"), pay("p7", day="2026-02-01")]
+    # a later file continues from the saved state: seq goes on, counts add up, and a
+    # payment of the first run can be reversed
+    later = [
+        pay("p6"),
+        pay("q2", account="a2"),
+        reverse("r2", "p5"),
+        pay("p7", day="2026-02-01"),
+    ]
     _, out, dead = replay(later, store)
     assert dead == b""
-    assert summary(jsonl(out)) == [
+    verdicts = jsonl(out)
+    assert summary(verdicts) == [
         ("p6", "reject", "limit_exceeded", 7),  # p1 and p5 already used a1's day
         ("q2", "accept", None, 2),
-        ("p7", "accept", None, 8),
+        ("r2", "accept", None, 8),  # releases p5: one payment left on 2026-01-31
+        ("p7", "accept", None, 9),
     ]
+    assert verdicts[0]["violations"][0]["used"] == "2"
 
     # the same file again: identical verdicts (all duplicates) and the same dead letters
     result, again_out, again_dead = replay(FILE_A, store)
@@ -434,14 +443,14 @@ def test_sqlite_state_survives_between_runs(tmp_path: Path, replay: Replay) -> N
         "11 events: 0 accepted, 0 rejected, 8 duplicates, 3 dead letters"
     )
 
-    # ... which changed nothing: seq and the day's count are where the second run left them
-    _, out, _ = replay([pay("p8"), pay("p9", day="2026-02-01")], store)
+    # ... which changed nothing: seq goes on from 9, and 2026-01-31 still holds one payment
+    _, out, _ = replay([pay("p8"), pay("p9")], store)
     verdicts = jsonl(out)
     assert summary(verdicts) == [
-        ("p8", "reject", "limit_exceeded", 9),
-        ("p9", "accept", None, 10),
+        ("p8", "accept", None, 10),
+        ("p9", "reject", "limit_exceeded", 11),
     ]
-    assert verdicts[0]["violations"][0]["used"] == "2"
+    assert verdicts[1]["violations"][0]["used"] == "2"
 
 
 def test_memory_state_is_gone_after_the_run(run_a: Run, replay: Replay) -> None:
