@@ -124,7 +124,8 @@ def _timestamp(value: object) -> tuple[str, int, int]:
             f"occurred_at: {value!r} is not an RFC 3339 date-time",
         )
     try:
-        moment = datetime.fromisoformat(value)
+        # RFC 3339 allows a lower-case "z"; Python 3.11's fromisoformat does not
+        moment = datetime.fromisoformat(value[:-1] + "Z" if value[-1] == "z" else value)
     except ValueError:
         raise EventRejected(
             DeadLetterError.INVALID_EVENT, f"occurred_at: {value!r} is not an RFC 3339 date-time"
@@ -135,10 +136,19 @@ def _timestamp(value: object) -> tuple[str, int, int]:
             f"occurred_at: {value!r} has no UTC offset (use Z or +HH:MM)",
         )
     micros = (moment - _EPOCH) // _MICROSECOND
+    if not _FIRST_MICROS <= micros < _END_MICROS:
+        raise EventRejected(
+            DeadLetterError.INVALID_EVENT,
+            f"occurred_at: {value!r} is outside 0001-01-02 to 9999-12-30 UTC",
+        )
     return value, micros // 1_000_000, micros
 
 
 _MICROSECOND: Final = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC) - _EPOCH
+# A day inside Python's calendar on both ends, so the local time of an accepted instant
+# exists in every zone (offsets stay under a day); beyond that, period keys overflow.
+_FIRST_MICROS: Final = (datetime(1, 1, 2, tzinfo=UTC) - _EPOCH) // _MICROSECOND
+_END_MICROS: Final = (datetime(9999, 12, 31, tzinfo=UTC) - _EPOCH) // _MICROSECOND
 
 
 def decode_json(raw: bytes | str) -> Any:

@@ -151,7 +151,7 @@ def parse_rules(text: str | bytes) -> RuleSet:
     try:
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise RulesError(f"not valid YAML: {exc}") from None
+        raise RulesError(f"not valid YAML: {_yaml_problem(exc)}") from None
     try:
         doc = msgspec.convert(data, RulesDoc)
     except msgspec.ValidationError as exc:
@@ -168,6 +168,15 @@ def parse_rules(text: str | bytes) -> RuleSet:
         rules=tuple(_compile(rule) for rule in doc.rules),
         version=hashlib.sha256(raw).hexdigest()[:12],
     )
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error on one line (the CLI's reason is one line): what and where."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        what = ", ".join(part for part in (exc.context, exc.problem) if part)
+        return f"{what} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(exc).split())
 
 
 def _describe(data: Any, exc: msgspec.ValidationError) -> str:

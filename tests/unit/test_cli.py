@@ -1,0 +1,505 @@
+"""The CLI as a user runs it: ``python -m limitflow`` in a subprocess, files in tmp_path."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RULES = textwrap.dedent(
+    """\
+    rules:
+      - id: acct-day-2            # two payments per account per UTC day
+        window: day
+        max_count: 2
+      - id: single-usd            # no single USD payment over 100.00
+        window: transaction
+        currency: USD
+        max_amount: "100.00"
+    """
+)
+
+
+def pay(event_id: str, account: str = "a1", amount: str = "10.00", day: str = "2026-01-31") -> str:
+    return json.dumps(
+        {
+            "event_id": event_id,
+            "account_id": account,
+            "amount": amount,
+            "currency": "USD",
+            "occurred_at": f"{day}T10:00:00Z",
+        }
+    )
+
+
+def reverse(event_id: str, original: str, account: str = "a1") -> str:
+    return json.dumps(
+        {
+            "event_id": event_id,
+            "type": "reversal",
+            "account_id": account,
+            "original_event_id": original,
+            "occurred_at": "2026-01-31T11:00:00Z",
+        }
+    )
+
+
+# Line numbers matter: dead letters report them.
+FILE_A = [
+    pay("p1"),  # 1 accept, a1 seq 1
+    "",  # 2 blank
+    pay("p2", amount="150.00"),  # 3 reject: single-usd, a1 seq 2
+    "this is not json",  # 4 invalid_json
+    pay("p3", amount="20.00"),  # 5 accept, a1 seq 3 (second of the day)
+    "   \t ",  # 6 blank
+    pay("p4", amount="5.00"),  # 7 reject: acct-day-2, a1 seq 4
+    "[1, 2]",  # 8 invalid_event
+    pay("p1"),  # 9 duplicate of line 1
+    pay("p1", amount="11.00"),  # 10 idempotency_conflict
+    pay("q1", account="a2"),  # 11 accept, a2 seq 1
+    reverse("r1", "p3"),  # 12 accept, a1 seq 5: releases p3's count
+    pay("p5", amount="1.00"),  # 13 accept, a1 seq 6 (the count is back to one)
+]
+FILE_A_VERDICTS = [
+    ("p1", "accept", None, 1),
+    ("p2", "reject", "limit_exceeded", 2),
+    ("p3", "accept", None, 3),
+    ("p4", "reject", "limit_exceeded", 4),
+    ("p1", "accept", None, 1),
+    ("q1", "accept", None, 1),
+    ("r1", "accept", None, 5),
+    ("p5", "accept", None, 6),
+]
+FILE_A_DEAD = [("invalid_json", 4), ("invalid_event", 8), ("idempotency_conflict", 10)]
+FILE_A_SUMMARY = "11 events: 5 accepted, 2 rejected, 1 duplicates, 3 dead letters"
+
+
+def limitflow(
+    *args: str, cwd: Path, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "limitflow", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def write(path: Path, lines: list[str], end: str = "\n") -> Path:
+    path.write_bytes("".join(line + end for line in lines).encode())
+    return path
+
+
+def jsonl(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def summary(verdicts: list[dict[str, Any]]) -> list[tuple[str, str, str | None, int]]:
+    return [(v["event_id"], v["decision"], v["reason"], v["seq"]) for v in verdicts]
+
+
+def one_line_reason(result: subprocess.CompletedProcess[bytes]) -> str:
+    """The error message of a failed run, checked to be a single line."""
+    assert result.returncode != 0
+    text = result.stderr.decode()
+    assert text.endswith("\n")
+    assert text.count("\n") == 1, text
+    assert text.startswith("limitflow: ")
+    return text.strip()
+
+
+@pytest.fixture
+def rules(tmp_path: Path) -> Path:
+    path = tmp_path / "rules.yaml"
+    path.write_text(RULES, encoding="utf-8")
+    return path
+
+
+class Replay:
+    """Runs ``limitflow replay`` on lines, into fresh output files."""
+
+    def __init__(self, tmp_path: Path, rules: Path) -> None:
+        self.dir = tmp_path
+        self.rules = rules
+        self.runs = 0
+
+    def __call__(
+        self, lines: list[str], store: str = "memory://"
+    ) -> tuple[subprocess.CompletedProcess[bytes], bytes, bytes]:
+        self.runs += 1
+        source = write(self.dir / f"in{self.runs}.jsonl", lines)
+        output, dead = self.dir / f"out{self.runs}.jsonl", self.dir / f"dead{self.runs}.jsonl"
+        result = limitflow(
+            "replay",
+            *("--rules", str(self.rules), "--input", str(source)),
+            *("--output", str(output), "--dead-letter", str(dead), "--store", store),
+            cwd=self.dir,
+        )
+        assert result.returncode == 0, result.stderr.decode()
+        return result, output.read_bytes(), dead.read_bytes()
+
+
+@pytest.fixture
+def replay(tmp_path: Path, rules: Path) -> Replay:
+    return Replay(tmp_path, rules)
+
+
+# --- replay with files -------------------------------------------------------------------
+
+
+class Run:
+    """One finished ``limitflow replay``: its process, verdicts and dead letters."""
+
+    def __init__(self, result: subprocess.CompletedProcess[bytes], out: bytes, dead: bytes):
+        self.result, self.out, self.dead = result, out, dead
+        self.verdicts, self.letters = jsonl(out), jsonl(dead)
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """FILE_A replayed once into ``memory://``, shared by the tests that only read it."""
+    tmp = tmp_path_factory.mktemp("file-a")
+    (tmp / "rules.yaml").write_text(RULES, encoding="utf-8")
+    return Run(*Replay(tmp, tmp / "rules.yaml")(FILE_A))
+
+
+def test_replay_decides_every_line_in_input_order(run_a: Run) -> None:
+    assert summary(run_a.verdicts) == FILE_A_VERDICTS
+    assert [(d["error"], d["source"]["line"]) for d in run_a.letters] == FILE_A_DEAD
+    non_blank = [line for line in FILE_A if line.strip()]
+    assert len(run_a.verdicts) + len(run_a.letters) == len(non_blank) == 11
+
+
+def test_replay_exits_0_with_dead_letters_and_prints_a_summary(run_a: Run) -> None:
+    assert run_a.result.returncode == 0
+    assert run_a.result.stdout == b""
+    assert run_a.result.stderr.decode().startswith(FILE_A_SUMMARY)
+
+
+def test_verdicts_explain_violations(run_a: Run) -> None:
+    verdicts = run_a.verdicts
+    assert verdicts[1]["violations"] == [
+        {
+            "rule_id": "single-usd",
+            "metric": "amount",
+            "period": "transaction",
+            "limit": "100.00",
+            "used": "0.00",
+        }
+    ]
+    assert verdicts[3]["violations"] == [
+        {
+            "rule_id": "acct-day-2",
+            "metric": "count",
+            "period": "2026-01-31",
+            "limit": "2",
+            "used": "2",
+        }
+    ]
+    assert all(v["violations"] == [] for v in verdicts if v["decision"] == "accept")
+
+
+def test_a_duplicate_repeats_the_original_verdict_byte_for_byte(run_a: Run) -> None:
+    lines = run_a.out.splitlines()
+    assert lines[4] == lines[0]
+
+
+def test_dead_letters_carry_error_detail_raw_and_line(run_a: Run) -> None:
+    letters = run_a.letters
+    assert [d["raw"] for d in letters] == [FILE_A[3], FILE_A[7], FILE_A[9]]
+    assert [d["source"] for d in letters] == [{"line": 4}, {"line": 8}, {"line": 10}]
+    for letter in letters:
+        assert isinstance(letter["detail"], str) and letter["detail"]
+    assert letters[0]["detail"].startswith("not valid JSON")
+    assert letters[1]["detail"] == "an event must be a JSON object"
+    assert "p1" in letters[2]["detail"]
+
+
+NON_UTF8 = b'{"event_id": "caf\xe9", "account_id": "a1"}'
+NAIVE = json.dumps(
+    {
+        "event_id": "n1",
+        "account_id": "a1",
+        "amount": "1.00",
+        "currency": "USD",
+        "occurred_at": "2026-01-31T10:00:00",
+    }
+)
+FAR = json.dumps(
+    {
+        "event_id": "far",
+        "account_id": "a1",
+        "amount": "1.00",
+        "currency": "USD",
+        "occurred_at": "9999-12-31T23:59:59-12:00",
+    }
+)
+ODD_LINES = [
+    pay("x1", amount="1.005").encode(),  # 1 too many fraction digits
+    b"",  # 2
+    NAIVE.encode(),  # 3 no offset
+    NON_UTF8,  # 4 not UTF-8
+    FAR.encode(),  # 5 an instant whose year leaves the calendar in some zone
+    b"  ",  # 6
+    pay("p1").encode(),  # 7 accept
+    b"oops",  # 8
+]
+
+
+@pytest.fixture(scope="module")
+def odd_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """Awkward input with CRLF line endings, replayed once into ``memory://``."""
+    tmp = tmp_path_factory.mktemp("odd")
+    (tmp / "rules.yaml").write_text(RULES, encoding="utf-8")
+    (tmp / "in.jsonl").write_bytes(b"".join(line + b"\r\n" for line in ODD_LINES))
+    result = limitflow(*_replay_args("rules.yaml", "in.jsonl"), cwd=tmp)
+    assert result.returncode == 0, result.stderr.decode()
+    return Run(result, (tmp / "out.jsonl").read_bytes(), (tmp / "dead.jsonl").read_bytes())
+
+
+def test_odd_lines_each_end_up_in_one_output(odd_run: Run) -> None:
+    assert summary(odd_run.verdicts) == [("p1", "accept", None, 1)]
+    assert [(d["error"], d["source"]["line"]) for d in odd_run.letters] == [
+        ("invalid_event", 1),
+        ("invalid_event", 3),
+        ("invalid_json", 4),
+        ("invalid_event", 5),
+        ("invalid_json", 8),
+    ]
+    assert odd_run.result.stderr.decode().startswith("6 events: 1 accepted, 0 rejected")
+
+
+def test_dead_letter_detail_names_the_field(odd_run: Run) -> None:
+    details = [d["detail"] for d in odd_run.letters]
+    assert details[0].startswith("amount: ")
+    assert details[1].startswith("occurred_at: ")
+    assert details[3].startswith("occurred_at: ")
+
+
+def test_crlf_line_endings_are_not_part_of_the_record(odd_run: Run) -> None:
+    assert odd_run.letters[-1]["raw"] == "oops"
+    assert odd_run.letters[0]["raw"] == ODD_LINES[0].decode()
+
+
+def test_a_non_utf8_line_is_dead_lettered_with_its_exact_bytes(odd_run: Run) -> None:
+    letter = odd_run.letters[2]
+    # "raw" is text; bytes that are not UTF-8 travel in raw_base64 instead
+    assert letter["raw"] is None
+    assert base64.b64decode(letter["raw_base64"]) == NON_UTF8
+
+
+def test_an_input_of_only_blank_lines_gives_empty_outputs(replay: Replay) -> None:
+    result, out, dead = replay(["", "  ", "\t"])
+    assert (out, dead) == (b"", b"")
+    assert result.stderr.decode().startswith("0 events: ")
+
+
+# --- stdin and stdout --------------------------------------------------------------------
+
+
+def test_dash_reads_stdin_and_writes_stdout(tmp_path: Path, rules: Path, run_a: Run) -> None:
+    stdin = "".join(line + "\n" for line in FILE_A).encode()
+    result = limitflow(
+        "replay",
+        *("--rules", str(rules), "--input", "-", "--output", "-"),
+        *("--dead-letter", "dead.jsonl", "--store", "memory://"),
+        cwd=tmp_path,
+        stdin=stdin,
+    )
+    assert result.returncode == 0
+    assert result.stdout == run_a.out
+    assert (tmp_path / "dead.jsonl").read_bytes() == run_a.dead
+    assert result.stderr.decode().startswith(FILE_A_SUMMARY)
+
+
+def test_dead_letters_can_go_to_stdout(tmp_path: Path, rules: Path) -> None:
+    result = limitflow(
+        "replay",
+        *("--rules", str(rules), "--input", "-", "--output", "out.jsonl"),
+        *("--dead-letter", "-", "--store", "memory://"),
+        cwd=tmp_path,
+        stdin=b"nope\n" + pay("p1").encode() + b"\n",
+    )
+    assert result.returncode == 0
+    assert [(d["error"], d["source"]) for d in jsonl(result.stdout)] == [
+        ("invalid_json", {"line": 1})
+    ]
+    assert summary(jsonl((tmp_path / "out.jsonl").read_bytes())) == [("p1", "accept", None, 1)]
+
+
+# --- failures: non-zero with a one-line reason -------------------------------------------
+
+
+def _replay_args(rules: Path | str, source: Path | str, store: str = "memory://") -> list[str]:
+    return [
+        "replay",
+        *("--rules", str(rules), "--input", str(source)),
+        *("--output", "out.jsonl", "--dead-letter", "dead.jsonl", "--store", store),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("rules:\n  - {id: r-bad, window: fortnight, max_count: 1}\n", ["r-bad", "window"]),
+        ("rules: [\n", ["not valid YAML"]),
+        ("rules: []\n", ["no rules"]),
+    ],
+)
+def test_a_bad_rules_file_fails_before_anything_is_processed(
+    tmp_path: Path, text: str, names: list[str]
+) -> None:
+    (tmp_path / "bad.yaml").write_text(text, encoding="utf-8")
+    source = write(tmp_path / "in.jsonl", [pay("p1")])
+    result = limitflow(*_replay_args("bad.yaml", source), cwd=tmp_path)
+    assert result.returncode == 2
+    reason = one_line_reason(result)
+    assert reason.startswith("limitflow: rules: ")
+    for name in names:
+        assert name in reason
+    assert not (tmp_path / "out.jsonl").exists()
+    assert not (tmp_path / "dead.jsonl").exists()
+
+
+def test_a_missing_rules_file_fails(tmp_path: Path) -> None:
+    source = write(tmp_path / "in.jsonl", [pay("p1")])
+    result = limitflow(*_replay_args("missing.yaml", source), cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line_reason(result) == (
+        "limitflow: rules: cannot read rules file missing.yaml: No such file or directory"
+    )
+
+
+def test_a_missing_input_fails(tmp_path: Path, rules: Path) -> None:
+    result = limitflow(*_replay_args(rules, "missing.jsonl"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert one_line_reason(result) == (
+        "limitflow: cannot open missing.jsonl: No such file or directory"
+    )
+
+
+def test_a_directory_as_input_fails(tmp_path: Path, rules: Path) -> None:
+    (tmp_path / "events").mkdir()
+    result = limitflow(*_replay_args(rules, "events"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert one_line_reason(result) == "limitflow: cannot open events: Is a directory"
+
+
+@pytest.mark.parametrize(
+    "store",
+    ["foo://", "sqlite://", "sqlite:///no-such-dir/state.db"],
+)
+def test_an_unusable_store_fails(tmp_path: Path, rules: Path, store: str) -> None:
+    source = write(tmp_path / "in.jsonl", [pay("p1")])
+    result = limitflow(*_replay_args(rules, source, store), cwd=tmp_path)
+    assert result.returncode == 3
+    reason = one_line_reason(result)
+    assert reason.startswith("limitflow: store: ")
+    assert not (tmp_path / "no-such-dir").exists()
+    if store == "foo://":
+        assert "memory://" in reason and "sqlite://" in reason
+
+
+# --- stores: sqlite is durable, memory is not -------------------------------------------
+
+
+def test_sqlite_state_survives_between_runs(tmp_path: Path, replay: Replay) -> None:
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    _, first_out, first_dead = replay(FILE_A, store)
+    assert summary(jsonl(first_out)) == FILE_A_VERDICTS
+
+    # a later file continues from the saved state: seq goes on, counts add up, and a
+    # payment of the first run can be reversed
+    later = [
+        pay("p6"),
+        pay("q2", account="a2"),
+        reverse("r2", "p5"),
+        pay("p7", day="2026-02-01"),
+    ]
+    _, out, dead = replay(later, store)
+    assert dead == b""
+    verdicts = jsonl(out)
+    assert summary(verdicts) == [
+        ("p6", "reject", "limit_exceeded", 7),  # p1 and p5 already used a1's day
+        ("q2", "accept", None, 2),
+        ("r2", "accept", None, 8),  # releases p5: one payment left on 2026-01-31
+        ("p7", "accept", None, 9),
+    ]
+    assert verdicts[0]["violations"][0]["used"] == "2"
+
+    # the same file again: identical verdicts (all duplicates) and the same dead letters
+    result, again_out, again_dead = replay(FILE_A, store)
+    assert again_out == first_out
+    assert again_dead == first_dead
+    assert result.stderr.decode().startswith(
+        "11 events: 0 accepted, 0 rejected, 8 duplicates, 3 dead letters"
+    )
+
+    # ... which changed nothing: seq goes on from 9, and 2026-01-31 still holds one payment
+    _, out, _ = replay([pay("p8"), pay("p9")], store)
+    verdicts = jsonl(out)
+    assert summary(verdicts) == [
+        ("p8", "accept", None, 10),
+        ("p9", "reject", "limit_exceeded", 11),
+    ]
+    assert verdicts[1]["violations"][0]["used"] == "2"
+
+
+def test_memory_state_is_gone_after_the_run(run_a: Run, replay: Replay) -> None:
+    # run_a replayed FILE_A into memory:// already; a new run starts from nothing
+    _, out, _ = replay([pay("p6"), pay("p1")], "memory://")
+    assert summary(jsonl(out)) == [("p6", "accept", None, 1), ("p1", "accept", None, 2)]
+
+
+def test_the_default_store_is_a_sqlite_file_in_the_working_directory(
+    tmp_path: Path, rules: Path
+) -> None:
+    source = write(tmp_path / "in.jsonl", [pay("p1")])
+    args = ["replay", "--rules", str(rules), "--input", str(source)]
+    first = limitflow(*args, "--output", "-", "--dead-letter", "dead.jsonl", cwd=tmp_path)
+    again = limitflow(*args, "--output", "-", "--dead-letter", "dead.jsonl", cwd=tmp_path)
+    assert (tmp_path / "limitflow.db").is_file()
+    assert first.returncode == again.returncode == 0
+    assert again.stdout == first.stdout
+    assert again.stderr.decode().startswith("1 events: 0 accepted, 0 rejected, 1 duplicates")
+
+
+# --- rules check ---------------------------------------------------------------------------
+
+
+def test_rules_check_summarises_a_valid_file(tmp_path: Path, rules: Path) -> None:
+    result = limitflow("rules", "check", "rules.yaml", cwd=tmp_path)
+    assert result.returncode == 0
+    lines = result.stdout.decode().splitlines()
+    assert lines[0].startswith("rules.yaml: 2 rules, version ")
+    assert lines[1:] == [
+        "  acct-day-2: count <= 2, per account_id, day (UTC)",
+        "  single-usd: amount <= 100.00 USD, per account_id, transaction (UTC)",
+    ]
+
+
+def test_rules_check_fails_on_a_bad_file(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text(
+        "rules:\n"
+        "  - {id: ok, window: day, max_count: 1}\n"
+        "  - {id: ok, window: hour, max_count: 1}\n",
+        encoding="utf-8",
+    )
+    result = limitflow("rules", "check", "bad.yaml", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == b""
+    assert one_line_reason(result) == "limitflow: rules: rule 'ok': id: used by more than one rule"
+
+
+def test_rules_check_fails_on_a_missing_file(tmp_path: Path) -> None:
+    result = limitflow("rules", "check", "missing.yaml", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line_reason(result).startswith("limitflow: rules: cannot read rules file")

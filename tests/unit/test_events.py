@@ -1,0 +1,533 @@
+"""Event parsing as the contract states it: every field rule and every dead-letter code."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from schemas.events import DeadLetterError, Event, EventRejected, EventType, parse_event
+
+_DROP = object()
+"""Marks a field to leave out of the event."""
+
+
+def payment(**changes: Any) -> dict[str, Any]:
+    """A valid payment, with fields replaced (or dropped with ``_DROP``)."""
+    doc: dict[str, Any] = {
+        "event_id": "evt-1",
+        "account_id": "acct-1",
+        "amount": "10.50",
+        "currency": "CNY",
+        "occurred_at": "2026-01-31T23:59:00Z",
+    }
+    doc.update(changes)
+    return {key: value for key, value in doc.items() if value is not _DROP}
+
+
+def reversal(**changes: Any) -> dict[str, Any]:
+    """A valid reversal of ``evt-1`` without amount or currency."""
+    return payment(
+        **{
+            "event_id": "rev-1",
+            "type": "reversal",
+            "original_event_id": "evt-1",
+            "amount": _DROP,
+            "currency": _DROP,
+            **changes,
+        }
+    )
+
+
+def parse(doc: dict[str, Any]) -> Event:
+    return parse_event(json.dumps(doc))
+
+
+def refused(raw: dict[str, Any] | str | bytes) -> EventRejected:
+    """The rejection of ``raw``; fails the test if it parses."""
+    text = json.dumps(raw) if isinstance(raw, dict) else raw
+    with pytest.raises(EventRejected) as caught:
+        parse_event(text)
+    return caught.value
+
+
+def with_amount_literal(literal: str, currency: str = "CNY") -> str:
+    """A payment line whose amount is written exactly as ``literal`` (a JSON number)."""
+    return (
+        f'{{"event_id": "evt-1", "account_id": "acct-1", "amount": {literal}, '
+        f'"currency": "{currency}", "occurred_at": "2026-01-31T23:59:00Z"}}'
+    )
+
+
+# --- a valid payment ---------------------------------------------------------------------
+
+
+def test_a_valid_payment_parses_into_exact_values() -> None:
+    event = parse(payment(card_id="card-7", channel="atm", mcc=6011))
+    assert event.event_id == "evt-1"
+    assert event.account_id == "acct-1"
+    assert event.type is EventType.PAYMENT
+    assert event.amount == 1050
+    assert event.amount_decimal is None
+    assert event.currency == "CNY"
+    assert event.occurred_at == "2026-01-31T23:59:00Z"
+    assert event.epoch == 1_769_903_940
+    assert event.original_event_id is None
+
+
+def test_extra_fields_are_kept_with_their_values() -> None:
+    event = parse(payment(card_id="card-7", channel="atm", mcc=6011, tags=["a"], geo={"cc": "CN"}))
+    assert event.fields["card_id"] == "card-7"
+    assert event.fields["channel"] == "atm"
+    assert event.fields["mcc"] == 6011
+    assert event.fields["tags"] == ["a"]
+    assert event.fields["geo"] == {"cc": "CN"}
+
+
+def test_bytes_and_text_parse_alike() -> None:
+    line = json.dumps(payment())
+    assert parse_event(line.encode()) == parse_event(line)
+
+
+# --- event_id and account_id -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["event_id", "account_id"])
+@pytest.mark.parametrize("value", ["x", "x" * 128, "账户-1", "a b|c"])
+def test_ids_of_1_to_128_characters_are_accepted(field: str, value: str) -> None:
+    event = parse(payment(**{field: value}))
+    assert getattr(event, field) == value
+
+
+@pytest.mark.parametrize("field", ["event_id", "account_id"])
+@pytest.mark.parametrize("value", ["", "x" * 129, 5, True, ["evt"], {"id": 1}])
+def test_ids_that_are_empty_too_long_or_not_strings_are_invalid(field: str, value: Any) -> None:
+    error = refused(payment(**{field: value}))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == f"{field}: must be a string of 1 to 128 characters"
+
+
+@pytest.mark.parametrize("field", ["event_id", "account_id"])
+@pytest.mark.parametrize("value", [_DROP, None])
+def test_missing_ids_are_invalid(field: str, value: Any) -> None:
+    error = refused(payment(**{field: value}))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == f"{field}: is required"
+
+
+# --- type ----------------------------------------------------------------------------------
+
+
+def test_type_defaults_to_payment() -> None:
+    assert parse(payment()).type is EventType.PAYMENT
+    assert parse(payment(type="payment")).type is EventType.PAYMENT
+
+
+@pytest.mark.parametrize("value", ["refund", "PAYMENT", "Reversal", "", None, 1])
+def test_an_unknown_type_is_invalid(value: Any) -> None:
+    error = refused(payment(type=value))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail.startswith("type: must be 'payment' or 'reversal'")
+
+
+# --- amount --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("currency", "amount", "minor"),
+    [
+        ("CNY", "10.50", 1050),
+        ("CNY", "10.5", 1050),
+        ("CNY", "10", 1000),
+        ("CNY", "0.01", 1),
+        ("USD", "99.99", 9999),
+        ("EUR", "1234567.89", 123456789),
+        ("GBP", "0.10", 10),
+        ("JPY", "1500", 1500),
+        ("KWD", "1.234", 1234),
+        ("KWD", "0.001", 1),
+    ],
+)
+def test_amount_as_decimal_string_becomes_minor_units(
+    currency: str, amount: str, minor: int
+) -> None:
+    event = parse(payment(currency=currency, amount=amount))
+    assert event.amount == minor
+    assert event.currency == currency
+
+
+@pytest.mark.parametrize(
+    ("currency", "literal", "minor"),
+    [
+        ("CNY", "10.5", 1050),
+        ("CNY", "10.50", 1050),
+        ("CNY", "10", 1000),
+        ("CNY", "0.1", 10),
+        ("USD", "1e2", 10000),
+        ("JPY", "1500", 1500),
+        ("KWD", "1.234", 1234),
+    ],
+)
+def test_amount_as_json_number_is_exact(currency: str, literal: str, minor: int) -> None:
+    # 0.1 would be 0.1000000000000000055… as a float: the literal must be kept exact
+    assert parse_event(with_amount_literal(literal, currency)).amount == minor
+
+
+@pytest.mark.parametrize(
+    ("currency", "amount"),
+    [
+        ("CNY", "10.005"),
+        ("USD", "0.001"),
+        ("EUR", "1.999"),
+        ("GBP", "5.125"),
+        ("JPY", "100.5"),
+        ("JPY", "0.1"),
+        ("KWD", "1.2345"),
+    ],
+)
+def test_more_fraction_digits_than_the_currency_allows_is_invalid(
+    currency: str, amount: str
+) -> None:
+    error = refused(payment(currency=currency, amount=amount))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail.startswith("amount: ")
+    assert "fraction digit" in error.detail
+
+
+@pytest.mark.parametrize(("currency", "literal"), [("CNY", "10.005"), ("JPY", "100.5")])
+def test_json_numbers_with_too_many_fraction_digits_are_invalid(
+    currency: str, literal: str
+) -> None:
+    error = refused(with_amount_literal(literal, currency))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert "fraction digit" in error.detail
+
+
+@pytest.mark.parametrize(
+    ("currency", "amount", "minor"),
+    [("CNY", "10.500", 1050), ("CNY", "10.5000000", 1050), ("JPY", "100.0", 100)],
+)
+def test_trailing_zeros_are_judged_by_value(currency: str, amount: str, minor: int) -> None:
+    # The contract says "no more fraction digits than the minor unit"; the implementation
+    # reads that by value: "10.500" CNY has a zero third digit and is 1050 fen.
+    assert parse(payment(currency=currency, amount=amount)).amount == minor
+
+
+def test_trailing_zeros_in_a_json_number_are_judged_by_value() -> None:
+    assert parse_event(with_amount_literal("10.500")).amount == 1050
+
+
+@pytest.mark.parametrize(
+    "amount",
+    ["0", "0.00", "-1.00", "-0.01", 0, -5, "NaN", "Infinity", "", "ten", True, False, [1], {}],
+)
+def test_amounts_that_are_not_positive_decimals_are_invalid(amount: Any) -> None:
+    error = refused(payment(amount=amount))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail.startswith("amount: ")
+
+
+@pytest.mark.parametrize("literal", ["0", "0.0", "-1", "-0.5"])
+def test_json_numbers_that_are_not_positive_are_invalid(literal: str) -> None:
+    error = refused(with_amount_literal(literal))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail.startswith("amount: ")
+
+
+@pytest.mark.parametrize("value", [_DROP, None])
+def test_a_payment_needs_an_amount(value: Any) -> None:
+    error = refused(payment(amount=value))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == "amount: is required"
+
+
+# --- currency ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [_DROP, None])
+def test_a_payment_needs_a_currency(value: Any) -> None:
+    error = refused(payment(currency=value))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == "currency: is required"
+
+
+@pytest.mark.parametrize("value", ["XYZ", "cny", "RMB", "US", "USDD", "", 156, ["CNY"]])
+def test_a_currency_that_is_not_iso_4217_is_invalid(value: Any) -> None:
+    error = refused(payment(currency=value))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == f"currency: {value!r} is not an ISO 4217 code"
+
+
+@pytest.mark.parametrize("currency", ["CNY", "USD", "EUR", "GBP", "JPY", "KWD", "CHF", "BHD"])
+def test_iso_4217_currencies_are_accepted(currency: str) -> None:
+    assert parse(payment(currency=currency, amount="7")).currency == currency
+
+
+# --- occurred_at ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "epoch"),
+    [
+        ("2026-01-31T23:59:00Z", 1_769_903_940),
+        ("2026-02-01T07:59:00+08:00", 1_769_903_940),
+        ("2026-01-31T18:59:00-05:00", 1_769_903_940),
+        ("2026-01-31T23:59:00+00:00", 1_769_903_940),
+        ("2026-01-31T23:59:00-00:00", 1_769_903_940),
+        ("2026-01-31T23:59:00.999Z", 1_769_903_940),
+        ("2026-01-31T23:59:00.123456Z", 1_769_903_940),
+        ("2026-02-01T05:29:00+05:30", 1_769_903_940),
+        ("1970-01-01T00:00:00Z", 0),
+        ("1969-12-31T23:59:59.5Z", -1),
+    ],
+)
+def test_rfc3339_with_offset_or_z_gives_the_instant(text: str, epoch: int) -> None:
+    event = parse(payment(occurred_at=text))
+    assert event.epoch == epoch
+    assert event.occurred_at == text
+
+
+@pytest.mark.parametrize(
+    "text", ["2026-01-31t23:59:00Z", "2026-01-31T23:59:00z", "2026-01-31t23:59:00.5z"]
+)
+def test_lower_case_t_and_z_are_rfc3339_too(text: str) -> None:
+    # RFC 3339 section 5.6: "T" and "Z" may alternatively be lower case
+    assert parse(payment(occurred_at=text)).epoch == 1_769_903_940
+
+
+@pytest.mark.parametrize(
+    "text", ["2026-01-31T23:59:00", "2026-01-31T23:59:00.000", "2026-01-31 23:59:00"]
+)
+def test_a_naive_time_is_invalid(text: str) -> None:
+    error = refused(payment(occurred_at=text))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == f"occurred_at: {text!r} has no UTC offset (use Z or +HH:MM)"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-01-31",
+        "2026-01-31Z",
+        "2026-01",
+        "23:59:00Z",
+        "2026-02-30T12:00:00Z",
+        "2026-01-31T25:00:00Z",
+        "2026-01-31T23:60:00Z",
+        "31/01/2026 23:59:00 +08:00",
+        "yesterday",
+        "",
+    ],
+)
+def test_dates_and_malformed_times_are_invalid(text: str) -> None:
+    error = refused(payment(occurred_at=text))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == f"occurred_at: {text!r} is not an RFC 3339 date-time"
+
+
+@pytest.mark.parametrize("value", [_DROP, None, 1_769_903_940, ["2026-01-31T23:59:00Z"]])
+def test_occurred_at_must_be_a_string(value: Any) -> None:
+    error = refused(payment(occurred_at=value))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == "occurred_at: is required, as a string"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "9999-12-31T23:59:59-12:00",  # 10000-01-01 in UTC
+        "9999-12-31T12:00:00Z",  # 10000-01-01 in Pacific/Kiritimati
+        "0001-01-01T00:00:00Z",  # year 0 in America/New_York
+        "0001-01-01T10:00:00+14:00",  # year 0 in UTC
+    ],
+)
+def test_instants_whose_calendar_date_may_leave_years_1_to_9999_are_invalid(text: str) -> None:
+    # Without this, computing the period of such an instant in some zone overflows and
+    # stops the whole replay instead of dead-lettering one event.
+    error = refused(payment(occurred_at=text))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail.startswith(f"occurred_at: {text!r} ")
+
+
+@pytest.mark.parametrize("text", ["0001-01-02T00:00:00Z", "9999-12-30T23:59:59Z"])
+def test_instants_near_the_ends_of_the_calendar_are_valid(text: str) -> None:
+    parse(payment(occurred_at=text))
+
+
+# --- reversals -----------------------------------------------------------------------------
+
+
+def test_a_reversal_needs_no_amount_or_currency() -> None:
+    event = parse(reversal())
+    assert event.type is EventType.REVERSAL
+    assert event.original_event_id == "evt-1"
+    assert event.amount is None
+    assert event.amount_decimal is None
+    assert event.currency is None
+
+
+def test_a_reversal_with_amount_and_currency_is_in_minor_units() -> None:
+    event = parse(reversal(amount="3.25", currency="USD"))
+    assert event.amount == 325
+    assert event.currency == "USD"
+
+
+def test_a_reversal_amount_without_currency_is_kept_as_a_decimal() -> None:
+    # its currency is the original's, known only when the original is looked up
+    event = parse(reversal(amount="3.250"))
+    assert event.amount is None
+    assert event.amount_decimal == Decimal("3.25")
+
+
+@pytest.mark.parametrize("value", [_DROP, None])
+def test_a_reversal_needs_original_event_id(value: Any) -> None:
+    error = refused(reversal(original_event_id=value))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == "original_event_id: is required"
+
+
+@pytest.mark.parametrize("value", ["", "x" * 129, 7])
+def test_original_event_id_follows_the_id_rules(value: Any) -> None:
+    error = refused(reversal(original_event_id=value))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == "original_event_id: must be a string of 1 to 128 characters"
+
+
+@pytest.mark.parametrize("amount", ["0", "-1", "abc"])
+def test_a_reversal_amount_must_be_positive(amount: str) -> None:
+    error = refused(reversal(amount=amount))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail.startswith("amount: ")
+
+
+def test_a_reversal_amount_follows_the_currency_minor_unit() -> None:
+    error = refused(reversal(amount="1.005", currency="USD"))
+    assert "fraction digit" in error.detail
+
+
+def test_a_reversal_still_needs_an_offset_time() -> None:
+    error = refused(reversal(occurred_at="2026-01-31T23:59:00"))
+    assert error.error is DeadLetterError.INVALID_EVENT
+
+
+# --- dead-letter codes ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "this is not json",
+        "{bad",
+        '{"event_id": "evt-1",}',
+        "{} {}",
+        "",
+        b"\xff\xfe{}",
+        b'{"event_id": "\xff\xfe", "account_id": "acct-1"}',
+        b'{"event_id": "caf\xe9"}',  # Latin-1, not UTF-8
+    ],
+)
+def test_malformed_json_and_non_utf8_bytes_are_invalid_json(raw: str | bytes) -> None:
+    error = refused(raw)
+    assert error.error is DeadLetterError.INVALID_JSON
+    assert error.detail.startswith("not valid JSON")
+
+
+@pytest.mark.parametrize("raw", ["[1, 2]", "[]", '"evt-1"', "42", "null", "true"])
+def test_json_that_is_not_an_object_is_invalid_event(raw: str) -> None:
+    error = refused(raw)
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == "an event must be a JSON object"
+
+
+def test_the_dead_letter_codes_are_the_contract_strings() -> None:
+    assert [code.value for code in DeadLetterError] == [
+        "invalid_json",
+        "invalid_event",
+        "idempotency_conflict",
+    ]
+
+
+# --- fingerprint ---------------------------------------------------------------------------
+
+
+def test_the_fingerprint_is_a_stable_hex_digest() -> None:
+    first, again = parse(payment()), parse(payment())
+    assert first.fingerprint == again.fingerprint
+    int(first.fingerprint, 16)
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        pytest.param(payment(amount="10.50"), payment(amount=10.5), id="number"),
+        pytest.param(payment(amount="10.50"), payment(amount="10.5"), id="trailing-zero"),
+        pytest.param(payment(amount="10"), payment(amount=10), id="integer"),
+        pytest.param(
+            payment(occurred_at="2026-01-31T23:59:00Z"),
+            payment(occurred_at="2026-02-01T07:59:00+08:00"),
+            id="offset",
+        ),
+        pytest.param(
+            payment(occurred_at="2026-01-31T23:59:00Z"),
+            payment(occurred_at="2026-01-31T23:59:00.000+00:00"),
+            id="zero-fraction",
+        ),
+        pytest.param(payment(), payment(type="payment"), id="default-type"),
+        pytest.param(
+            payment(channel="atm", mcc=6011), payment(mcc=6011, channel="atm"), id="key-order"
+        ),
+        pytest.param(reversal(), reversal(amount=None), id="null-amount"),
+    ],
+)
+def test_the_same_payload_written_differently_has_the_same_fingerprint(
+    one: dict[str, Any], other: dict[str, Any]
+) -> None:
+    assert parse(one).fingerprint == parse(other).fingerprint
+
+
+def test_number_and_string_amounts_agree_on_the_wire_too() -> None:
+    as_number = with_amount_literal("10.5")
+    as_string = json.dumps(payment(amount="10.50"))
+    assert parse_event(as_number).fingerprint == parse_event(as_string).fingerprint
+
+
+_EXTRAS: dict[str, Any] = {"channel": "atm", "mcc": 6011}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"event_id": "evt-2"}, id="event_id"),
+        pytest.param({"account_id": "acct-2"}, id="account_id"),
+        pytest.param({"amount": "10.51"}, id="amount"),
+        pytest.param({"currency": "USD"}, id="currency"),
+        pytest.param({"occurred_at": "2026-01-31T23:59:01Z"}, id="instant"),
+        pytest.param({"occurred_at": "2026-01-31T23:59:00+08:00"}, id="same-wall-clock"),
+        pytest.param({"occurred_at": "2026-01-31T23:59:00.000001Z"}, id="microsecond"),
+        pytest.param({"card_id": "card-7"}, id="extra-added"),
+        pytest.param({"channel": _DROP}, id="extra-removed"),
+        pytest.param({"channel": "pos"}, id="extra-value"),
+        pytest.param({"mcc": "6011"}, id="extra-type"),
+        pytest.param({"type": "reversal", "original_event_id": "evt-0"}, id="type"),
+    ],
+)
+def test_any_difference_changes_the_fingerprint(change: dict[str, Any]) -> None:
+    base = parse(payment(**_EXTRAS))
+    other = parse(payment(**{**_EXTRAS, **change}))
+    assert base.fingerprint != other.fingerprint
+
+
+def test_a_reversal_of_another_original_has_another_fingerprint() -> None:
+    assert parse(reversal()).fingerprint != parse(reversal(original_event_id="evt-2")).fingerprint
+
+
+def test_a_reversal_amount_changes_the_fingerprint() -> None:
+    fingerprints = {
+        parse(reversal()).fingerprint,
+        parse(reversal(amount="1.00")).fingerprint,
+        parse(reversal(amount="2.00")).fingerprint,
+        parse(reversal(amount="1.00", currency="CNY")).fingerprint,
+    }
+    assert len(fingerprints) == 4

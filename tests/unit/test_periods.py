@@ -1,0 +1,207 @@
+"""Period strings: calendar periods of the event's instant in the rule's zone."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from handlers.periods import PERIOD_SPAN, PeriodClock, clock_for, period_key
+from schemas.rules import Window
+
+
+def epoch(text: str) -> int:
+    """Whole seconds since the Unix epoch of an ISO 8601 time with an offset."""
+    return int(datetime.fromisoformat(text).timestamp())
+
+
+def keys(text: str, zone: str = "UTC") -> dict[str, str]:
+    """Every window's period of an instant, keyed by window name."""
+    return {w.value: key for w, key in clock_for(zone).keys(epoch(text)).items()}
+
+
+def test_every_window_has_its_contract_string() -> None:
+    assert keys("2026-01-31T23:59:30Z") == {
+        "transaction": "transaction",
+        "minute": "2026-01-31T23:59",
+        "hour": "2026-01-31T23",
+        "day": "2026-01-31",
+        "week": "2026-W05",
+        "month": "2026-01",
+        "year": "2026",
+        "lifetime": "lifetime",
+    }
+
+
+@pytest.mark.parametrize(
+    ("window", "expected"),
+    [
+        (Window.MINUTE, "2026-03-04T05:06"),
+        (Window.HOUR, "2026-03-04T05"),
+        (Window.DAY, "2026-03-04"),
+        (Window.WEEK, "2026-W10"),
+        (Window.MONTH, "2026-03"),
+        (Window.YEAR, "2026"),
+        (Window.LIFETIME, "lifetime"),
+        (Window.TRANSACTION, "transaction"),
+    ],
+)
+def test_period_key_pads_every_part(window: Window, expected: str) -> None:
+    local = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    assert period_key(window, local) == expected
+
+
+def test_small_years_are_padded_to_four_digits() -> None:
+    local = datetime(987, 6, 5, 4, 3, tzinfo=UTC)
+    assert period_key(Window.YEAR, local) == "0987"
+    assert period_key(Window.DAY, local) == "0987-06-05"
+
+
+@pytest.mark.parametrize(
+    ("day", "week"),
+    [
+        ("2026-01-26", "2026-W05"),  # Monday: a new week starts
+        ("2026-02-01", "2026-W05"),  # Sunday: still the same week
+        ("2026-02-02", "2026-W06"),  # Monday again
+        ("2025-12-28", "2025-W52"),  # Sunday before the year's first Monday
+        ("2025-12-29", "2026-W01"),  # a December day in week 1 of the next year
+        ("2025-12-31", "2026-W01"),
+        ("2026-01-01", "2026-W01"),
+        ("2026-12-31", "2026-W53"),  # 2026 starts on a Thursday: 53 weeks
+        ("2027-01-01", "2026-W53"),  # a January day in the last week of the year before
+        ("2027-01-03", "2026-W53"),
+        ("2027-01-04", "2027-W01"),
+        ("2021-01-03", "2020-W53"),
+        ("2024-12-30", "2025-W01"),
+    ],
+)
+def test_weeks_are_iso_weeks_starting_on_monday(day: str, week: str) -> None:
+    assert keys(f"{day}T12:00:00Z")["week"] == week
+
+
+def test_the_week_of_the_iso_year_differs_from_the_calendar_year() -> None:
+    found = keys("2027-01-01T12:00:00Z")
+    assert (found["week"], found["month"], found["year"]) == ("2026-W53", "2027-01", "2027")
+
+
+def test_a_zone_moves_an_instant_to_another_day_month_and_week() -> None:
+    instant = "2026-01-31T16:30:00Z"  # 2026-02-01 00:30 in Shanghai (UTC+8)
+    utc = keys(instant)
+    shanghai = keys(instant, "Asia/Shanghai")
+    assert (utc["day"], utc["month"], utc["hour"]) == ("2026-01-31", "2026-01", "2026-01-31T16")
+    assert (shanghai["day"], shanghai["month"], shanghai["hour"]) == (
+        "2026-02-01",
+        "2026-02",
+        "2026-02-01T00",
+    )
+    assert (utc["week"], shanghai["week"]) == ("2026-W05", "2026-W05")  # Sat vs Sun
+
+
+def test_the_last_second_before_local_midnight_is_still_the_old_day() -> None:
+    assert keys("2026-01-31T15:59:59Z", "Asia/Shanghai")["day"] == "2026-01-31"
+    assert keys("2026-01-31T16:00:00Z", "Asia/Shanghai")["day"] == "2026-02-01"
+
+
+def test_a_new_year_comes_earlier_east_and_later_west() -> None:
+    instant = "2026-12-31T20:00:00Z"
+    assert keys(instant, "Asia/Tokyo")["year"] == "2027"
+    assert keys(instant)["year"] == "2026"
+    assert keys("2027-01-01T03:00:00Z", "America/Los_Angeles")["year"] == "2026"
+
+
+def test_half_and_quarter_hour_zones() -> None:
+    # 2026-01-31T23:59Z is 2026-02-01 05:29 in Kolkata (+05:30), 05:44 in Kathmandu (+05:45)
+    assert keys("2026-01-31T23:59:00Z", "Asia/Kolkata")["minute"] == "2026-02-01T05:29"
+    assert keys("2026-01-31T23:59:00Z", "Asia/Kathmandu")["minute"] == "2026-02-01T05:44"
+
+
+def test_spring_forward_skips_the_missing_hour() -> None:
+    # America/New_York on 2026-03-08: 01:59:59 EST is followed by 03:00:00 EDT
+    before = keys("2026-03-08T06:59:59Z", "America/New_York")
+    after = keys("2026-03-08T07:00:00Z", "America/New_York")
+    assert (before["hour"], before["minute"]) == ("2026-03-08T01", "2026-03-08T01:59")
+    assert (after["hour"], after["minute"]) == ("2026-03-08T03", "2026-03-08T03:00")
+    assert before["day"] == after["day"] == "2026-03-08"
+
+
+def test_the_short_day_still_ends_at_local_midnight() -> None:
+    # 2026-03-08 is 23 hours long in New York: it ends at 04:00Z the next day
+    assert keys("2026-03-09T03:59:59Z", "America/New_York")["day"] == "2026-03-08"
+    assert keys("2026-03-09T04:00:00Z", "America/New_York")["day"] == "2026-03-09"
+
+
+def test_fall_back_repeats_a_local_hour_in_one_bucket() -> None:
+    # America/New_York on 2026-11-01: 01:00-02:00 happens twice (EDT, then EST); the
+    # period string is the local wall-clock hour, so both real hours share one bucket.
+    first = keys("2026-11-01T05:30:00Z", "America/New_York")  # 01:30 EDT
+    second = keys("2026-11-01T06:30:00Z", "America/New_York")  # 01:30 EST
+    assert first["hour"] == second["hour"] == "2026-11-01T01"
+    assert first["minute"] == second["minute"] == "2026-11-01T01:30"
+    assert keys("2026-11-01T07:00:00Z", "America/New_York")["hour"] == "2026-11-01T02"
+
+
+def test_the_long_day_still_ends_at_local_midnight() -> None:
+    # 2026-11-01 is 25 hours long in New York: it ends at 05:00Z the next day
+    assert keys("2026-11-02T04:59:59Z", "America/New_York")["day"] == "2026-11-01"
+    assert keys("2026-11-02T05:00:00Z", "America/New_York")["day"] == "2026-11-02"
+
+
+def test_january_2025_and_january_2026_are_different_periods() -> None:
+    # A month key of just "01" (or a week number without its year) would merge them.
+    jan_2025 = keys("2025-01-15T12:00:00Z")
+    jan_2026 = keys("2026-01-15T12:00:00Z")
+    for window in ("minute", "hour", "day", "week", "month", "year"):
+        assert jan_2025[window] != jan_2026[window], window
+    assert (jan_2025["month"], jan_2026["month"]) == ("2025-01", "2026-01")
+    assert (jan_2025["week"], jan_2026["week"]) == ("2025-W03", "2026-W03")
+
+
+def test_lifetime_and_transaction_never_change() -> None:
+    for text in ("1999-01-01T00:00:00Z", "2026-06-15T12:34:56+08:00", "2090-12-31T23:59:59Z"):
+        found = keys(text, "Asia/Shanghai")
+        assert (found["lifetime"], found["transaction"]) == ("lifetime", "transaction")
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Shanghai", "America/New_York", "Asia/Kolkata"])
+def test_the_clock_agrees_with_period_key_second_by_second(zone: str) -> None:
+    # PeriodClock caches per epoch minute; walk across minute, hour, day and DST edges
+    clock = PeriodClock(zone)
+    tz = ZoneInfo(zone)
+    starts = ["2026-03-08T06:58:30Z", "2026-11-01T05:58:30Z", "2026-01-31T15:58:30Z"]
+    for start in starts:
+        first = epoch(start)
+        for second in range(first, first + 240, 7):
+            local = datetime.fromtimestamp(second, tz)
+            expected = {w: period_key(w, local) for w in Window}
+            assert clock.keys(second) == expected, (zone, second)
+
+
+def test_clock_for_shares_one_clock_per_zone() -> None:
+    assert clock_for("Asia/Shanghai") is clock_for("Asia/Shanghai")
+    assert clock_for("Asia/Shanghai") is not clock_for("UTC")
+
+
+@pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "Etc/GMT+12", "America/New_York"])
+@pytest.mark.parametrize("text", ["0001-01-02T00:00:00Z", "9999-12-30T23:59:59Z"])
+def test_the_ends_of_the_accepted_range_have_periods_in_every_zone(zone: str, text: str) -> None:
+    # events accept instants from 0001-01-02 to 9999-12-30 UTC; no zone is a day away
+    found = keys(text, zone)
+    assert found["year"] in {"0001", "9999"}
+
+
+def test_spans_cover_the_longest_period_of_each_window() -> None:
+    hour, day = 3_600, 86_400
+    assert PERIOD_SPAN[Window.TRANSACTION] == 0
+    assert PERIOD_SPAN[Window.LIFETIME] is None
+    longest = {
+        Window.MINUTE: 60,
+        Window.HOUR: hour,
+        Window.DAY: 25 * hour,
+        Window.WEEK: 7 * day + hour,
+        Window.MONTH: 31 * day + hour,
+        Window.YEAR: 366 * day + hour,
+    }
+    for window, seconds in longest.items():
+        span = PERIOD_SPAN[window]
+        assert span is not None and span >= seconds, window

@@ -1,0 +1,376 @@
+"""The rules file: a valid one compiles; an invalid one is refused naming rule and field."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from schemas.rules import Rule, RulesError, Window, load_rules, parse_rules
+
+VALID = textwrap.dedent(
+    """\
+    rules:
+      - id: acct-day-cny          # comments are fine
+        scope: account_id
+        window: day
+        timezone: Asia/Shanghai
+        currency: CNY
+        max_count: 6
+        max_amount: "5000.00"
+      - id: card.merchant_hour-1
+        scope: [card_id, merchant_id]
+        window: hour
+        max_count: 0
+      - id: atm-week-jpy
+        window: week
+        currency: JPY
+        max_amount: 100000
+        match: {channel: [atm, kiosk], mcc: 6011, contactless: true}
+      - id: single-kwd
+        window: transaction
+        currency: KWD
+        max_amount: 1.5
+        description: one payment at most 1.500 KWD
+    """
+)
+
+
+def refusal(text: str) -> str:
+    """The message ``parse_rules`` refuses ``text`` with."""
+    with pytest.raises(RulesError) as caught:
+        parse_rules(text)
+    return str(caught.value)
+
+
+def one_rule(body: str, rule_id: str = "r1") -> str:
+    """A rules file of one rule with ``id: rule_id`` and the given YAML lines."""
+    lines = "\n".join("    " + line for line in textwrap.dedent(body).strip().splitlines())
+    return f"rules:\n  - id: {rule_id}\n{lines}\n"
+
+
+# --- a valid file --------------------------------------------------------------------------
+
+
+def test_a_valid_file_compiles_to_exact_rules() -> None:
+    rules = parse_rules(VALID)
+    assert rules.rules == (
+        Rule(
+            id="acct-day-cny",
+            window=Window.DAY,
+            scope=("account_id",),
+            timezone="Asia/Shanghai",
+            currency="CNY",
+            max_count=6,
+            max_amount=500_000,
+            match=(),
+        ),
+        Rule(
+            id="card.merchant_hour-1",
+            window=Window.HOUR,
+            scope=("card_id", "merchant_id"),
+            timezone="UTC",
+            currency=None,
+            max_count=0,
+            max_amount=None,
+            match=(),
+        ),
+        Rule(
+            id="atm-week-jpy",
+            window=Window.WEEK,
+            scope=("account_id",),
+            timezone="UTC",
+            currency="JPY",
+            max_count=None,
+            max_amount=100_000,
+            match=(
+                ("channel", frozenset({"atm", "kiosk"})),
+                ("mcc", frozenset({"6011"})),
+                ("contactless", frozenset({"true"})),
+            ),
+        ),
+        Rule(
+            id="single-kwd",
+            window=Window.TRANSACTION,
+            scope=("account_id",),
+            timezone="UTC",
+            currency="KWD",
+            max_count=None,
+            max_amount=1500,
+            match=(),
+        ),
+    )
+
+
+def test_the_version_is_a_hash_of_the_file() -> None:
+    version = parse_rules(VALID).version
+    assert len(version) == 12
+    int(version, 16)
+    assert parse_rules(VALID.encode()).version == version
+    assert parse_rules(VALID + "# changed\n").version != version
+
+
+@pytest.mark.parametrize("window", [w.value for w in Window])
+def test_every_window_is_accepted(window: str) -> None:
+    rules = parse_rules(one_rule(f"window: {window}\ncurrency: USD\nmax_amount: '1.00'"))
+    assert rules.rules[0].window is Window(window)
+
+
+def test_a_zero_amount_limit_is_allowed() -> None:
+    rules = parse_rules(one_rule("window: day\ncurrency: USD\nmax_amount: '0'"))
+    assert rules.rules[0].max_amount == 0
+
+
+@pytest.mark.parametrize(
+    ("currency", "amount", "minor"),
+    [("CNY", "'5000.00'", 500_000), ("JPY", "'100'", 100), ("KWD", "'0.125'", 125)],
+)
+def test_max_amount_is_in_minor_units_of_its_currency(
+    currency: str, amount: str, minor: int
+) -> None:
+    rules = parse_rules(one_rule(f"window: day\ncurrency: {currency}\nmax_amount: {amount}"))
+    assert rules.rules[0].max_amount == minor
+
+
+def test_a_json_rules_file_is_accepted_too() -> None:
+    text = '{"rules": [{"id": "r1", "window": "day", "max_count": 3}]}'
+    assert parse_rules(text).rules[0].max_count == 3
+
+
+def test_load_rules_reads_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(VALID, encoding="utf-8")
+    assert load_rules(str(path)) == parse_rules(VALID)
+
+
+# --- invalid files: refused naming the rule and the field ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            one_rule("window: fortnight\nmax_count: 1", "r-window"),
+            ["'r-window'", "window", "fortnight"],
+            id="unknown-window",
+        ),
+        pytest.param(
+            one_rule("max_count: 1", "r-nowindow"),
+            ["'r-nowindow'", "window"],
+            id="missing-window",
+        ),
+        pytest.param(
+            one_rule("window: day\ntimezone: Mars/Olympus_Mons\nmax_count: 1", "r-zone"),
+            ["'r-zone'", "timezone", "Mars/Olympus_Mons"],
+            id="unknown-zone",
+        ),
+        pytest.param(
+            one_rule("window: day\ntimezone: ''\nmax_count: 1", "r-zone"),
+            ["'r-zone'", "timezone"],
+            id="empty-zone",
+        ),
+        pytest.param(
+            one_rule("window: day\ntimezone: ../../etc/passwd\nmax_count: 1", "r-zone"),
+            ["'r-zone'", "timezone"],
+            id="path-zone",
+        ),
+        pytest.param(
+            one_rule("window: day\nmax_amount: '100.00'", "r-nocur"),
+            ["'r-nocur'", "max_amount", "currency"],
+            id="max_amount-without-currency",
+        ),
+        pytest.param(
+            one_rule("window: day\ncurrency: CNY", "r-nolimit"),
+            ["'r-nolimit'", "max_count", "max_amount"],
+            id="neither-limit",
+        ),
+        pytest.param(
+            one_rule("window: transaction\nmax_count: 1", "r-txn"),
+            ["'r-txn'", "max_amount"],
+            id="transaction-needs-amount",
+        ),
+        pytest.param(
+            one_rule("window: day\nmax_count: 1", "'r 1!'"),
+            ["'r 1!'", "id"],
+            id="id-characters",
+        ),
+        pytest.param(
+            one_rule("window: day\nmax_count: 1", "a|b"),
+            ["'a|b'", "id"],
+            id="id-with-pipe",
+        ),
+        pytest.param(
+            one_rule("window: day\nmax_count: 1", "x" * 65),
+            ["x" * 65, "id"],
+            id="id-too-long",
+        ),
+        pytest.param(
+            "rules:\n  - window: day\n    max_count: 1\n",
+            ["rules[0]", "id"],
+            id="missing-id",
+        ),
+        pytest.param(
+            one_rule("window: day\nmax_count: 1\nmax_cnt: 3", "r-key"),
+            ["'r-key'", "max_cnt"],
+            id="unknown-key",
+        ),
+        pytest.param(
+            one_rule("window: day\nmax_count: -1", "r-neg"),
+            ["'r-neg'", "max_count", ">= 0"],
+            id="negative-max_count",
+        ),
+        pytest.param(
+            one_rule("window: day\nmax_count: 1.5", "r-frac"),
+            ["'r-frac'", "max_count"],
+            id="fractional-max_count",
+        ),
+        pytest.param(
+            one_rule("window: day\nmax_count: yes", "r-bool"),
+            ["'r-bool'", "max_count"],
+            id="boolean-max_count",
+        ),
+        pytest.param(
+            one_rule("window: day\ncurrency: CNY\nmax_amount: '10.005'", "r-digits"),
+            ["'r-digits'", "max_amount", "fraction digit"],
+            id="too-many-fraction-digits",
+        ),
+        pytest.param(
+            one_rule("window: day\ncurrency: CNY\nmax_amount: 10.005", "r-digits"),
+            ["'r-digits'", "max_amount", "fraction digit"],
+            id="too-many-fraction-digits-number",
+        ),
+        pytest.param(
+            one_rule("window: day\ncurrency: JPY\nmax_amount: '100.5'", "r-jpy"),
+            ["'r-jpy'", "max_amount", "fraction digit"],
+            id="jpy-fraction",
+        ),
+        pytest.param(
+            one_rule("window: day\ncurrency: CNY\nmax_amount: '-1.00'", "r-negamt"),
+            ["'r-negamt'", "max_amount", ">= 0"],
+            id="negative-max_amount",
+        ),
+        pytest.param(
+            one_rule("window: day\ncurrency: CNY\nmax_amount: lots", "r-text"),
+            ["'r-text'", "max_amount"],
+            id="max_amount-not-a-number",
+        ),
+        pytest.param(
+            one_rule("window: day\ncurrency: XYZ\nmax_count: 1", "r-cur"),
+            ["'r-cur'", "currency", "XYZ"],
+            id="unknown-currency",
+        ),
+        pytest.param(
+            one_rule("window: day\ncurrency: cny\nmax_count: 1", "r-cur"),
+            ["'r-cur'", "currency"],
+            id="lower-case-currency",
+        ),
+        pytest.param(
+            one_rule("window: day\nscope: []\nmax_count: 1", "r-scope"),
+            ["'r-scope'", "scope"],
+            id="empty-scope",
+        ),
+        pytest.param(
+            one_rule("window: day\nscope: 'card id'\nmax_count: 1", "r-scope"),
+            ["'r-scope'", "scope", "'card id'"],
+            id="bad-scope-field",
+        ),
+        pytest.param(
+            one_rule("window: day\nscope: [card_id, card_id]\nmax_count: 1", "r-scope"),
+            ["'r-scope'", "scope"],
+            id="repeated-scope-field",
+        ),
+        pytest.param(
+            one_rule("window: day\nmatch: {channel: []}\nmax_count: 1", "r-match"),
+            ["'r-match'", "match", "channel"],
+            id="match-without-values",
+        ),
+        pytest.param(
+            one_rule("window: day\nmatch: [channel]\nmax_count: 1", "r-match"),
+            ["'r-match'", "match"],
+            id="match-not-a-mapping",
+        ),
+    ],
+)
+def test_an_invalid_rule_is_refused_naming_rule_and_field(text: str, expected: list[str]) -> None:
+    message = refusal(text)
+    for part in expected:
+        assert part in message
+    assert "\n" not in message
+
+
+def test_a_duplicate_id_is_refused() -> None:
+    text = (
+        "rules:\n"
+        "  - {id: same, window: day, max_count: 1}\n"
+        "  - {id: other, window: day, max_count: 1}\n"
+        "  - {id: same, window: hour, max_count: 2}\n"
+    )
+    assert refusal(text) == "rule 'same': id: used by more than one rule"
+
+
+def test_the_error_names_the_rule_that_is_wrong_not_the_first() -> None:
+    text = (
+        "rules:\n"
+        "  - {id: good, window: day, max_count: 1}\n"
+        "  - {id: bad, window: fortnight, max_count: 1}\n"
+    )
+    message = refusal(text)
+    assert "'bad'" in message
+    assert "rules[1]" in message
+    assert "'good'" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("rules: []\n", "rules: the file defines no rules", id="empty-list"),
+        pytest.param("rules:\n", "`$.rules`", id="null-rules"),
+        pytest.param("", "Expected `object`", id="empty-file"),
+        pytest.param("- id: r1\n  window: day\n", "Expected `object`", id="top-level-list"),
+        pytest.param(
+            "rules: [{id: r1, window: day, max_count: 1}]\nversion: 2\n",
+            "version",
+            id="unknown-top-level-key",
+        ),
+    ],
+)
+def test_a_file_without_usable_rules_is_refused(text: str, expected: str) -> None:
+    assert expected in refusal(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["rules: [\n", "rules:\n  - id: r1\n   window: day\n", "rules: {a: 1\n", "\t- x"]
+)
+def test_invalid_yaml_is_refused_in_one_line(text: str) -> None:
+    # the CLI prints this message as its one-line reason
+    message = refusal(text)
+    assert message.startswith("not valid YAML: ")
+    assert "\n" not in message
+    assert "line " in message
+
+
+def test_non_utf8_rules_file_is_refused_in_one_line() -> None:
+    with pytest.raises(RulesError) as caught:
+        parse_rules(b"rules:\n  - id: caf\xe9\n")
+    assert "\n" not in str(caught.value)
+
+
+def test_an_unreadable_file_is_a_rules_error(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(RulesError) as caught:
+        load_rules(str(missing))
+    assert str(caught.value) == f"cannot read rules file {missing}: No such file or directory"
+
+
+def test_a_directory_is_an_unreadable_rules_file(tmp_path: Path) -> None:
+    with pytest.raises(RulesError) as caught:
+        load_rules(str(tmp_path))
+    assert str(caught.value).startswith(f"cannot read rules file {tmp_path}: ")
+
+
+def test_load_rules_refuses_an_invalid_file(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(one_rule("window: day"), encoding="utf-8")
+    with pytest.raises(RulesError, match=r"'r1'.*max_count"):
+        load_rules(str(path))
