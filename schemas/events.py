@@ -220,7 +220,7 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
         else (None if amount_decimal is None else str(amount_decimal.normalize())),
         currency,
         micros,
-        original_event_id,
+        doc.get("original_event_id"),  # on a payment too: a changed resend is no duplicate
         extras,
     )
     fingerprint = hashlib.blake2b(_fingerprint_encoder.encode(canonical), digest_size=16)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import re
 from typing import Annotated, Any, Final
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 import msgspec
 import yaml
@@ -99,6 +100,12 @@ def scalar_text(value: object) -> str | None:
     return str(value)  # Decimal from a JSON number literal
 
 
+@functools.cache
+def _zones() -> frozenset[str]:
+    """IANA zone names (not aliases of the host's clock such as ``localtime``)."""
+    return frozenset(available_timezones()) - {"localtime", "posixrules"}
+
+
 def _compile(doc: RuleDoc) -> Rule:
     where = f"rule {doc.id!r}"
     scope = (doc.scope,) if isinstance(doc.scope, str) else tuple(doc.scope)
@@ -110,6 +117,8 @@ def _compile(doc: RuleDoc) -> Rule:
     if len(set(scope)) != len(scope):
         raise RulesError(f"{where}: scope: lists a field twice")
     try:
+        if doc.timezone not in _zones():
+            raise ZoneInfoNotFoundError(doc.timezone)
         ZoneInfo(doc.timezone)
     except (ZoneInfoNotFoundError, ValueError):
         raise RulesError(f"{where}: timezone: {doc.timezone!r} is not an IANA zone") from None

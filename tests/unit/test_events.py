@@ -531,3 +531,15 @@ def test_a_reversal_amount_changes_the_fingerprint() -> None:
         parse(reversal(amount="1.00", currency="CNY")).fingerprint,
     }
     assert len(fingerprints) == 4
+
+
+def test_payment_resend_that_adds_original_event_id_is_not_the_same_payload() -> None:
+    base = {
+        "event_id": "e1",
+        "account_id": "a",
+        "amount": "1.00",
+        "currency": "CNY",
+        "occurred_at": "2026-03-14T10:00:00Z",
+    }
+    changed = {**base, "original_event_id": "x"}
+    assert parse_event(json.dumps(base)).fingerprint != parse_event(json.dumps(changed)).fingerprint

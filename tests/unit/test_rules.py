@@ -374,3 +374,8 @@ def test_load_rules_refuses_an_invalid_file(tmp_path: Path) -> None:
     path.write_text(one_rule("window: day"), encoding="utf-8")
     with pytest.raises(RulesError, match=r"'r1'.*max_count"):
         load_rules(str(path))
+
+
+def test_host_clock_alias_is_not_an_iana_zone() -> None:
+    with pytest.raises(RulesError, match=r"rule 'a': timezone: 'localtime'"):
+        parse_rules("rules: [{id: a, window: day, max_count: 1, timezone: localtime}]")
