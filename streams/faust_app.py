@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import tempfile
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, NamedTuple, cast
@@ -75,8 +76,10 @@ class FaustSettings:
     retry_initial_ms: int = 200
     """First wait after a retriable failure; doubled on each further failure."""
     retry_max_ms: int = 30_000
-    web_port: int = 0
-    """Port of faust's web server (stats, health); 0 turns it off."""
+    web_port: int = 6066
+    """Port of faust's web server (stats, health); ``worker --without-web`` turns it off."""
+    data_dir: str = ""
+    """faust's data directory (unused: no tables); default a folder in the temp dir."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> FaustSettings:
@@ -253,8 +256,9 @@ def build_app(settings: FaustSettings) -> faust.App:
         broker_session_timeout=session,
         broker_heartbeat_interval=max(session / 10, 0.1),
         broker_commit_interval=1.0,
-        web_enabled=settings.web_port > 0,
-        web_port=settings.web_port or 6066,
+        web_port=settings.web_port,
+        datadir=settings.data_dir
+        or os.path.join(tempfile.gettempdir(), f"limitflow-faust-{settings.group_id}"),
         key_serializer="raw",
         value_serializer="raw",
     )

@@ -132,7 +132,7 @@ class Worker:
         self.log = log
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                [FAUST, "-A", "streams.faust_app", "worker", "-l", "info"],
+                [FAUST, "-A", "streams.faust_app", "worker", "-l", "info", "--without-web"],
                 cwd=ROOT,
                 env=env,
                 stdout=out,
