@@ -1,0 +1,94 @@
+"""Sample producer: sends examples/events.jsonl, then generated events, to the input topic.
+
+Each event is keyed by its ``account_id`` (so an account's events stay in order on one
+partition), at ``--rate`` events a second. Used by docker-compose.yml; also works
+against any broker::
+
+    python examples/produce.py --bootstrap-servers 127.0.0.1:9094 --generate 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def account_key(line: bytes) -> bytes | None:
+    """The ``account_id`` of an event line, or None when it has none (bad input)."""
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    account = doc.get("account_id") if isinstance(doc, dict) else None
+    return account.encode() if isinstance(account, str) else None
+
+
+def lines(path: Path, generate: int, seed: int) -> list[bytes]:
+    out = [line for line in path.read_bytes().splitlines() if line.strip()]
+    if generate:
+        from benchmarks.generate import events
+
+        out += events(generate, seed=seed)
+    return out
+
+
+async def connect(servers: str, wait: float) -> AIOKafkaProducer:
+    """A started producer; retries while the broker is still coming up."""
+    deadline = time.monotonic() + wait
+    while True:
+        producer = AIOKafkaProducer(bootstrap_servers=servers, linger_ms=5)
+        try:
+            await producer.start()
+            return producer
+        except KafkaConnectionError:
+            await producer.stop()
+            if time.monotonic() > deadline:
+                raise
+            print(f"waiting for {servers}…", file=sys.stderr)
+            await asyncio.sleep(2)
+
+
+async def produce(args: argparse.Namespace) -> int:
+    records = lines(Path(args.file), args.generate, args.seed)
+    producer = await connect(args.bootstrap_servers, args.wait)
+    interval = 1 / args.rate if args.rate > 0 else 0.0
+    start = time.perf_counter()
+    try:
+        for index, line in enumerate(records):
+            delay = start + index * interval - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await producer.send(args.topic, line, key=account_key(line))
+            if (index + 1) % 1000 == 0:
+                print(f"sent {index + 1} events", file=sys.stderr)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    print(f"sent {len(records)} events to {args.topic}", file=sys.stderr)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9094")
+    parser.add_argument("--topic", default="limitflow.events")
+    parser.add_argument("--file", default=str(ROOT / "examples" / "events.jsonl"))
+    parser.add_argument("--generate", type=int, default=0, help="generated events after the file")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--rate", type=float, default=100.0, help="events a second; 0: no limit")
+    parser.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the broker")
+    return asyncio.run(produce(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

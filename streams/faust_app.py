@@ -1,0 +1,309 @@
+"""A faust-streaming app whose agent runs the same engine and store as ``limitflow replay``.
+
+For teams that already operate faust workers::
+
+    LIMITFLOW_BOOTSTRAP_SERVERS=127.0.0.1:9092 LIMITFLOW_RULES=examples/rules.yaml \\
+        faust -A streams.faust_app worker -l info
+
+Per batch (``Stream.noack_take``): decide every record through ``Engine.process`` (state
+committed to the store), publish each verdict (keyed by ``account_id``, ``event_id`` in a
+header) or dead letter, wait until the broker has acknowledged every one of them, and only
+then ack the input events, so faust never commits an offset whose verdict is not
+durable. ``noack_take`` and not ``take``: ``take`` acks its buffered events in a
+``finally`` that also runs when the batch failed, which would commit offsets of events
+that produced no verdict.
+
+Guarantee: at-least-once. After a crash a batch is delivered again; the store recognises
+every event of it and the verdicts published again are identical (same decision, reason,
+seq). Exactly-once output (Kafka transactions) is ``limitflow run --guarantee
+exactly-once``.
+
+Settings come from ``LIMITFLOW_*`` environment variables, read once here (the edge) into
+``FaustSettings``; the app is built on first access to ``streams.faust_app.app``, so
+importing this module has no side effects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, NamedTuple, cast
+
+import faust
+from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
+from faust.streams import Stream
+from faust.types import EventT, StreamT
+from mode.supervisors import CrashingSupervisor
+
+from handlers.decide import Decider, OutcomeKind
+from limitflow.errors import ConfigError, LimitflowError
+from schemas.rules import RulesError, RuleSet, load_rules
+from schemas.verdicts import dead_letter, verdict_encoder
+from stores.base import Store
+from streams.engine import Engine, Record, Result
+
+log = logging.getLogger("limitflow.faust")
+
+ENV_PREFIX = "LIMITFLOW_"
+DEFAULT_STORE = "sqlite:///limitflow.db"
+
+
+@dataclass(frozen=True, slots=True)
+class FaustSettings:
+    """Everything the faust app needs; each field is ``LIMITFLOW_<FIELD>`` in the env."""
+
+    bootstrap_servers: str
+    """Comma-separated ``HOST:PORT`` list."""
+    rules: str
+    """Path of the rules file (YAML)."""
+    input_topic: str = "limitflow.events"
+    output_topic: str = "limitflow.verdicts"
+    dead_letter_topic: str = "limitflow.dead-letters"
+    group_id: str = "limitflow-faust"
+    """Consumer group, and faust's app id."""
+    store: str = DEFAULT_STORE
+    batch_size: int = 2_000
+    """Most events one ``noack_take`` batch holds."""
+    batch_wait_ms: int = 20
+    """How long a batch waits to fill before it is processed anyway (bounds latency)."""
+    partitions: int = 6
+    """Partitions of topics the app creates when they are missing."""
+    session_timeout_ms: int = 10_000
+    retry_initial_ms: int = 200
+    """First wait after a retriable failure; doubled on each further failure."""
+    retry_max_ms: int = 30_000
+    web_port: int = 6066
+    """Port of faust's web server (stats, health); ``worker --without-web`` turns it off."""
+    data_dir: str = ""
+    """faust's data directory (unused: no tables); default a folder in the temp dir."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> FaustSettings:
+        """Settings from ``LIMITFLOW_*`` variables over the defaults."""
+        values: dict[str, Any] = {}
+        missing: list[str] = []
+        for spec in fields(cls):
+            name = ENV_PREFIX + spec.name.upper()
+            raw = env.get(name)
+            if raw is None or raw == "":
+                if spec.default is MISSING:
+                    missing.append(name)
+                continue
+            if spec.type in (int, "int"):
+                try:
+                    values[spec.name] = int(raw)
+                except ValueError:
+                    raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
+            else:
+                values[spec.name] = raw
+        if missing:
+            raise ConfigError(f"missing required settings: {', '.join(missing)}")
+        settings = cls(**values)
+        topics = {settings.input_topic, settings.output_topic, settings.dead_letter_topic}
+        if len(topics) != 3:
+            raise ConfigError("input, output and dead-letter topics must be three different topics")
+        return settings
+
+
+class Outgoing(NamedTuple):
+    """One record to publish for one input record."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+def source_of(event: EventT[Any]) -> Record:
+    """The engine's record for a faust event: its raw bytes and where it came from."""
+    message = event.message
+    raw = event.value if isinstance(event.value, bytes) else b""
+    return Record(
+        raw, {"topic": message.topic, "partition": message.partition, "offset": message.offset}
+    )
+
+
+def outgoing(results: Sequence[Result], settings: FaustSettings) -> list[Outgoing]:
+    """What to publish for ``results``, in input order: verdicts and dead letters."""
+    out: list[Outgoing] = []
+    for result in results:
+        if result.kind is OutcomeKind.DEAD_LETTER:
+            assert result.error is not None and result.detail is not None
+            letter = dead_letter(
+                result.error,
+                result.detail,
+                result.record.raw,
+                result.record.source,
+                result.event_id,
+            )
+            headers = [("error", str(result.error).encode())]
+            if result.event_id is not None:
+                headers.append(("event_id", result.event_id.encode()))
+            out.append(
+                Outgoing(settings.dead_letter_topic, None, verdict_encoder.encode(letter), headers)
+            )
+        else:
+            assert result.verdict is not None and result.account_id is not None
+            assert result.event_id is not None
+            out.append(
+                Outgoing(
+                    settings.output_topic,
+                    result.account_id.encode(),
+                    result.verdict,
+                    [("event_id", result.event_id.encode())],
+                )
+            )
+    return out
+
+
+def _retriable(exc: BaseException) -> bool:
+    if isinstance(exc, LimitflowError):
+        return exc.retriable
+    if isinstance(exc, KafkaError):
+        return bool(exc.retriable) or type(exc).__name__ in (
+            "KafkaConnectionError",
+            "KafkaTimeoutError",
+            "RequestTimedOutError",
+        )
+    return False
+
+
+class BatchHandler:
+    """Decides, publishes and acks batches of faust events; retries what may succeed later."""
+
+    def __init__(self, app: faust.App, engine: Engine, settings: FaustSettings) -> None:
+        self.app = app
+        self.engine = engine
+        self.settings = settings
+
+    async def handle(self, stream: Stream[Any], events: Sequence[EventT[Any]]) -> bool:
+        """Process ``events`` and ack them; False when the worker stopped first (no acks)."""
+        records = [source_of(event) for event in events]
+        delay = self.settings.retry_initial_ms / 1000
+        while True:
+            try:
+                await self._publish(outgoing(await self.engine.process(records), self.settings))
+                break
+            except Exception as exc:
+                if not _retriable(exc):
+                    raise
+                if stream.should_stop or self.app.should_stop:
+                    # unacked: the batch is delivered again and deduplicated
+                    return False
+                log.warning(
+                    "batch of %d failed, retrying in %.1fs: %s: %s",
+                    len(records),
+                    delay,
+                    type(exc).__name__,
+                    exc,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.retry_max_ms / 1000)
+        for event in events:
+            await stream.ack(event)
+        return True
+
+    async def _publish(self, records: Sequence[Outgoing]) -> None:
+        """Send ``records`` in order and wait until the broker has every one."""
+        producer = self.app.producer
+        pending: list[Awaitable[Any]] = []
+        for record in records:
+            pending.append(
+                await producer.send(
+                    record.topic, record.key, record.value, None, None, record.headers
+                )
+            )
+        if pending:
+            await asyncio.gather(*pending)
+
+
+def load_checked_rules(path: str) -> RuleSet:
+    """The rules file, or a ``ConfigError`` naming what is wrong with it."""
+    try:
+        return load_rules(path)
+    except RulesError as exc:
+        raise ConfigError(f"rules: {exc}") from None
+
+
+async def open_engine(settings: FaustSettings, rules: RuleSet) -> Engine:
+    """An engine on a ready store (embedded stores are created; servers must be set up)."""
+    from limitflow.cli import CommandFailed, open_ready_store
+
+    try:
+        store = await open_ready_store(settings.store)
+    except CommandFailed as exc:
+        raise ConfigError(str(exc)) from None
+    assert isinstance(store, Store)
+    return Engine(Decider(rules), store)
+
+
+def build_app(settings: FaustSettings) -> faust.App:
+    """The faust app: one agent over the input topic, publishing verdicts and dead letters."""
+    rules = load_checked_rules(settings.rules)
+    session = settings.session_timeout_ms / 1000
+    app = faust.App(
+        settings.group_id,
+        broker=",".join(f"kafka://{hp.strip()}" for hp in settings.bootstrap_servers.split(",")),
+        autodiscover=False,
+        store="memory://",
+        topic_disable_leader=True,
+        topic_partitions=settings.partitions,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=session,
+        broker_heartbeat_interval=max(session / 10, 0.1),
+        broker_commit_interval=1.0,
+        web_port=settings.web_port,
+        datadir=settings.data_dir
+        or os.path.join(tempfile.gettempdir(), f"limitflow-faust-{settings.group_id}"),
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    source = app.topic(
+        settings.input_topic,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        allow_empty=True,
+    )
+    sinks = [
+        app.topic(name, key_serializer="raw", value_serializer="raw")
+        for name in (settings.output_topic, settings.dead_letter_topic)
+    ]
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def declare_topics() -> None:
+        # a new user is not left to create topics by hand; existing ones are kept as they are
+        for topic in (source, *sinks):
+            await topic.maybe_declare()
+
+    # CrashingSupervisor: a failed agent stops the worker instead of being restarted in
+    # place, where it would not see its unacked events again until a rebalance
+    @app.agent(source, supervisor_strategy=CrashingSupervisor)
+    async def decide(channel_stream: StreamT[Any]) -> None:
+        stream = cast(Stream[Any], channel_stream)  # noack_take is not on the StreamT protocol
+        engine = await open_engine(settings, rules)
+        handler = BatchHandler(app, engine, settings)
+        try:
+            async for events in stream.noack_take(
+                settings.batch_size, within=settings.batch_wait_ms / 1000
+            ):
+                if not await handler.handle(stream, events):
+                    break
+        finally:
+            await engine.store.close()
+
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    """``streams.faust_app.app``, built from the environment on first access."""
+    if name == "app":
+        app = build_app(FaustSettings.from_env(os.environ))
+        globals()["app"] = app
+        return app
+    raise AttributeError(name)

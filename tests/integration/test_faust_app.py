@@ -1,0 +1,245 @@
+"""The faust app against a real broker: its verdicts equal ``limitflow replay``'s.
+
+Starts tansu (``tests.servers.kafka_broker``), runs ``faust -A streams.faust_app worker``
+as a subprocess configured through ``LIMITFLOW_*`` variables, and reads the output and
+dead-letter topics with aiokafka. The input topic has one partition, so the app sees the
+events in file order, as replay does (rules scoped by merchant or card cross accounts, so
+a verdict depends on the order across accounts too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # tests/integration is not a package
+
+from benchmarks.generate import events as generated_events  # noqa: E402
+from tests.servers import KafkaBroker, kafka_broker  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+RULES = ROOT / "examples" / "rules.yaml"
+FAUST = str(Path(sys.executable).parent / "faust")
+BAD_INPUT = [b"{not json", b'{"event_id": "bad-1", "account_id": "a"}', b"\xff\xfe binary"]
+
+
+@pytest.fixture(scope="module")
+def kafka() -> Iterator[KafkaBroker]:
+    with kafka_broker("tansu") as broker:
+        yield broker
+
+
+class Topics:
+    def __init__(self) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.input = f"events-{tag}"
+        self.output = f"verdicts-{tag}"
+        self.dead = f"dead-{tag}"
+
+
+@pytest.fixture
+async def topics(kafka: KafkaBroker) -> AsyncIterator[Topics]:
+    names = Topics()
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [
+                NewTopic(names.input, 1, 1),
+                NewTopic(names.output, 3, 1),
+                NewTopic(names.dead, 1, 1),
+            ]
+        )
+    finally:
+        await admin.close()
+    yield names
+
+
+def input_lines() -> list[bytes]:
+    sample = [line for line in (ROOT / "examples" / "events.jsonl").read_bytes().splitlines()]
+    return [line for line in sample if line.strip()] + generated_events(1_500, accounts=150)
+
+
+def replay(lines: list[bytes], tmp_path: Path) -> tuple[list[bytes], list[dict[str, object]]]:
+    """Verdict lines and dead letters of ``limitflow replay`` on ``lines``."""
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(b"\n".join(lines) + b"\n")
+    verdicts, dead = tmp_path / "verdicts.jsonl", tmp_path / "dead.jsonl"
+    subprocess.run(
+        [
+            *[sys.executable, "-m", "limitflow", "replay"],
+            *["--rules", str(RULES), "--input", str(source)],
+            *["--output", str(verdicts), "--dead-letter", str(dead), "--store", "memory://"],
+        ],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+    )
+    return verdicts.read_bytes().splitlines(), [
+        json.loads(line) for line in dead.read_bytes().splitlines()
+    ]
+
+
+def per_account(verdicts: list[bytes]) -> dict[str, list[bytes]]:
+    """Each account's verdicts, in the order given."""
+    by_account: dict[str, list[bytes]] = {}
+    for value in verdicts:
+        by_account.setdefault(json.loads(value)["account_id"], []).append(value)
+    return by_account
+
+
+async def produce(kafka: KafkaBroker, topic: str, lines: list[bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, linger_ms=5)
+    await producer.start()
+    try:
+        for line in lines:
+            await producer.send(topic, line)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+class Worker:
+    """``faust -A streams.faust_app worker`` as a subprocess."""
+
+    def __init__(self, kafka: KafkaBroker, topics: Topics, store: str, group: str, log: Path):
+        env = {
+            **os.environ,
+            "LIMITFLOW_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+            "LIMITFLOW_INPUT_TOPIC": topics.input,
+            "LIMITFLOW_OUTPUT_TOPIC": topics.output,
+            "LIMITFLOW_DEAD_LETTER_TOPIC": topics.dead,
+            "LIMITFLOW_GROUP_ID": group,
+            "LIMITFLOW_RULES": str(RULES),
+            "LIMITFLOW_STORE": store,
+            "LIMITFLOW_SESSION_TIMEOUT_MS": "6000",
+            "LIMITFLOW_BATCH_SIZE": "500",
+        }
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [FAUST, "-A", "streams.faust_app", "worker", "-l", "info", "--without-web"],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                return self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.wait(10)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+async def read_until(
+    kafka: KafkaBroker, topics: Topics, verdicts: int, dead: int, worker: Worker, timeout: float
+) -> tuple[list[tuple[bytes | None, bytes, dict[str, bytes]]], list[dict[str, object]]]:
+    """Records of the output and dead-letter topics until there are that many of each."""
+    consumer = AIOKafkaConsumer(
+        topics.output,
+        topics.dead,
+        bootstrap_servers=kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    out: list[tuple[bytes | None, bytes, dict[str, bytes]]] = []
+    letters: list[dict[str, object]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < verdicts or len(letters) < dead:
+            if worker.proc.poll() is not None:
+                pytest.fail(f"worker exited {worker.proc.returncode}:\n{worker.log.read_text()}")
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"{len(out)}/{verdicts} verdicts, {len(letters)}/{dead} dead letters "
+                    f"after {timeout}s; worker log:\n{worker.log.read_text()[-5000:]}"
+                )
+            batches = await consumer.getmany(timeout_ms=500)
+            for tp, records in batches.items():
+                for record in records:
+                    assert record.value is not None
+                    if tp.topic == topics.output:
+                        out.append((record.key, record.value, dict(record.headers)))
+                    else:
+                        letters.append(json.loads(record.value))
+        # nothing more than expected: no verdict is published twice in a clean run
+        await asyncio.sleep(1)
+        extra = await consumer.getmany(timeout_ms=500)
+        assert not any(extra.values())
+    finally:
+        await consumer.stop()
+    return out, letters
+
+
+async def test_verdicts_equal_replay_and_topic_replay_repeats_them(
+    kafka: KafkaBroker, topics: Topics, tmp_path: Path
+) -> None:
+    lines = input_lines()
+    lines = lines[:700] + BAD_INPUT + lines[700:]
+    expected, expected_dead = replay(lines, tmp_path)
+    assert len(expected_dead) >= len(BAD_INPUT)  # examples/events.jsonl has some too
+    await produce(kafka, topics.input, lines)
+
+    store = f"sqlite:///{tmp_path / 'faust.db'}"
+    worker = Worker(kafka, topics, store, f"g-{uuid.uuid4().hex[:6]}", tmp_path / "w1.log")
+    try:
+        out, letters = await read_until(
+            kafka, topics, len(expected), len(expected_dead), worker, 120
+        )
+    finally:
+        assert worker.stop() == 0, (tmp_path / "w1.log").read_text()[-3000:]
+
+    assert sorted(value for _, value, _ in out) == sorted(expected)
+    for key, value, headers in out:
+        verdict = json.loads(value)
+        assert key == verdict["account_id"].encode()
+        assert headers["event_id"] == verdict["event_id"].encode()
+    # one input partition: each account's verdicts come out in input order
+    assert per_account([value for _, value, _ in out]) == per_account(expected)
+
+    # dead letters: the same errors, details and original bytes, in input order
+    def without_source(letter: dict[str, object]) -> dict[str, object]:
+        return {k: v for k, v in letter.items() if k != "source"}
+
+    assert [without_source(d) for d in letters] == [without_source(d) for d in expected_dead]
+    # record N of the topic is line N + 1 of the file (no blank lines)
+    offsets = {d["source"]["line"] - 1 for d in expected_dead}  # type: ignore[index, operator]
+    assert {d["source"]["offset"] for d in letters} == offsets  # type: ignore[index]
+    assert all(d["source"]["topic"] == topics.input for d in letters)  # type: ignore[index]
+
+    # the same topic read again from offset 0 by a new group, on the same store: every
+    # event is recognised, and the verdicts published again are identical
+    again = Worker(kafka, topics, store, f"g-{uuid.uuid4().hex[:6]}", tmp_path / "w2.log")
+    try:
+        out2, letters2 = await read_until(
+            kafka, topics, 2 * len(expected), 2 * len(expected_dead), again, 120
+        )
+    finally:
+        assert again.stop() == 0, (tmp_path / "w2.log").read_text()[-3000:]
+    assert sorted(value for _, value, _ in out2) == sorted(expected * 2)
+    assert len(letters2) == 2 * len(expected_dead)
