@@ -7,7 +7,7 @@ made on stale state is never committed. Version 0 means "never stored".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from schemas.events import EventType
 
@@ -25,6 +25,10 @@ class Bucket:
     expires_at: int | None = None
     """Epoch s after which the store treats the record as absent (set by the store)."""
 
+    def copy(self) -> Bucket:
+        """An independent copy (cheaper than ``dataclasses.replace``)."""
+        return Bucket(self.count, self.amount, self.version, self.period_end, self.expires_at)
+
 
 @dataclass(slots=True)
 class Account:
@@ -32,6 +36,10 @@ class Account:
 
     seq: int = 0
     version: int = 0
+
+    def copy(self) -> Account:
+        """An independent copy."""
+        return Account(self.seq, self.version)
 
 
 @dataclass(slots=True)
@@ -56,6 +64,24 @@ class EventRecord:
     """Event time, epoch s: the base of expiry."""
     version: int = 0
     expires_at: int | None = None
+
+    def copy(self) -> EventRecord:
+        """An independent copy (``buckets`` is a tuple, so sharing it is safe)."""
+        return EventRecord(
+            self.fingerprint,
+            self.account_id,
+            self.type,
+            self.accepted,
+            self.seq,
+            self.verdict,
+            self.amount,
+            self.currency,
+            self.reversed,
+            self.buckets,
+            self.occurred,
+            self.version,
+            self.expires_at,
+        )
 
 
 @dataclass(slots=True)
@@ -162,21 +188,25 @@ class WorkingState:
         return len(self._dirty_buckets) + len(self._dirty_accounts) + len(self._dirty_events)
 
     def take_writes(self) -> Writes:
-        """Copies of every changed record with its version advanced by one."""
+        """Every changed record with its version advanced by one.
+
+        The records are this state's own objects, not copies: a store must serialise or
+        copy them during ``commit`` and keep no reference (later units change them).
+        """
         writes = Writes()
         snapshot = self.snapshot
         for key in self._dirty_buckets:
             bucket = snapshot.buckets[key]
             bucket.version += 1
-            writes.buckets[key] = replace(bucket)
+            writes.buckets[key] = bucket
         for key in self._dirty_accounts:
             account = snapshot.accounts[key]
             account.version += 1
-            writes.accounts[key] = replace(account)
+            writes.accounts[key] = account
         for key in self._dirty_events:
             record = snapshot.events[key]
             record.version += 1
-            writes.events[key] = replace(record)
+            writes.events[key] = record
         self._dirty_buckets.clear()
         self._dirty_accounts.clear()
         self._dirty_events.clear()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError
@@ -27,13 +26,13 @@ class MemoryStore(Store):
         snapshot = Snapshot()
         for key in keys.buckets:
             if (bucket := self.buckets.get(key)) is not None:
-                snapshot.buckets[key] = replace(bucket)
+                snapshot.buckets[key] = bucket.copy()
         for key in keys.accounts:
             if (account := self.accounts.get(key)) is not None:
-                snapshot.accounts[key] = replace(account)
+                snapshot.accounts[key] = account.copy()
         for key in keys.events:
             if (record := self.events.get(key)) is not None:
-                snapshot.events[key] = replace(record)
+                snapshot.events[key] = record.copy()
         return snapshot
 
     async def _write(self, writes: Writes) -> None:
@@ -48,9 +47,13 @@ class MemoryStore(Store):
                 stored = table.get(key)
                 if (stored.version if stored is not None else 0) != record.version - 1:
                     raise ConflictError(f"{key!r} changed since it was read")
-        self.buckets.update(writes.buckets)
-        self.accounts.update(writes.accounts)
-        self.events.update(writes.events)
+        # copies: the caller keeps changing its records after the commit
+        for key, bucket in writes.buckets.items():
+            self.buckets[key] = bucket.copy()
+        for key, account in writes.accounts.items():
+            self.accounts[key] = account.copy()
+        for key, record in writes.events.items():
+            self.events[key] = record.copy()
 
     async def _create(self) -> None:
         return None

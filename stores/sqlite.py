@@ -31,8 +31,6 @@ CREATE TABLE IF NOT EXISTS events (
     reversed INTEGER NOT NULL, buckets TEXT NOT NULL, occurred INTEGER NOT NULL,
     version INTEGER NOT NULL, expires_at INTEGER
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS buckets_expiry ON buckets (expires_at);
-CREATE INDEX IF NOT EXISTS events_expiry ON events (expires_at);
 """
 _CHUNK = 500
 
@@ -58,6 +56,7 @@ class SqliteStore(Store):
             self._db = sqlite3.connect(path, timeout=30, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA cache_size=-65536")
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open SQLite database {path}: {exc}") from exc
 
