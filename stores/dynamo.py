@@ -34,6 +34,7 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
     NoRegionError,
     PartialCredentialsError,
 )
+from botocore.exceptions import ConnectionError as EndpointError
 
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import (
@@ -189,7 +190,7 @@ def translate(exc: Exception, what: str) -> StoreError:
         return StoreRejected(text)
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
         return StoreRejected(f"DynamoDB {what}: no usable AWS credentials: {exc}")
-    if isinstance(exc, HTTPClientError | asyncio.TimeoutError | OSError):
+    if isinstance(exc, EndpointError | HTTPClientError | TimeoutError | OSError):
         return StoreUnavailable(f"DynamoDB {what}: {exc}")
     if isinstance(exc, BotoCoreError):
         # parameter validation and the like: the request itself is wrong
@@ -197,7 +198,7 @@ def translate(exc: Exception, what: str) -> StoreError:
     return StoreUnavailable(f"DynamoDB {what}: {exc!r}")
 
 
-_DRIVER_ERRORS = (BotoCoreError, ClientError, asyncio.TimeoutError, OSError)
+_DRIVER_ERRORS = (BotoCoreError, ClientError, TimeoutError, OSError)
 
 
 def _cancellation(exc: ClientError) -> StoreError:
