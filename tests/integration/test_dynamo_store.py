@@ -235,11 +235,14 @@ async def test_reads_more_than_100_keys_in_several_requests(store: DynamoStore) 
     assert store.round_trips - before == 3
 
 
-async def test_stale_writes_conflict_and_change_nothing(store: DynamoStore) -> None:
+async def test_stale_writes_conflict_and_change_nothing(
+    store: DynamoStore, caplog: pytest.LogCaptureFixture
+) -> None:
     await store.commit(Writes(buckets={"b": Bucket(count=1, amount=5, version=1)}))
     # a zombie that read before the first commit: its create of the same key must fail
-    with pytest.raises(ConflictError):
+    with caplog.at_level("INFO", "limitflow.stores.dynamo"), pytest.raises(ConflictError):
         await store.commit(Writes(buckets={"b": Bucket(count=1, amount=9, version=1)}))
+    assert "conflict on b#b: stored version 1" in caplog.text  # from the failed condition
     await store.commit(Writes(buckets={"b": Bucket(count=2, amount=10, version=2)}))
     # a zombie that read version 1 and a fresh record: neither may be stored
     stale = Writes(
