@@ -42,10 +42,15 @@ async def open_ready_store(url: str) -> object:
 
     try:
         store = open_store(url)
-        if url.startswith(("memory:", "sqlite:")):
-            await store.init()
-        else:
-            await store.check()
+        try:
+            if url.startswith(("memory:", "sqlite:")):
+                await store.init()
+            else:
+                await store.check()
+        except BaseException:
+            # the failed store may hold a client and its connection pool: release them
+            await store.close()
+            raise
     except StoreNotInitialized as exc:
         raise CommandFailed(
             f"store: {exc} (run: limitflow store init --store '{url}')", EXIT_STORE

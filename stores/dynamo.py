@@ -1,0 +1,406 @@
+"""DynamoDB state store: one table, versioned all-or-nothing commits in ``TransactWriteItems``.
+
+Every record is one item of the table ``{PREFIX}-state`` keyed by ``pk``: ``b#<bucket key>``,
+``a#<account id>`` or ``e#<event id>``, so one ``BatchGetItem`` reads all three kinds (see
+docs/dynamodb.md for why one table rather than three). Each item holds its ``version``;
+a commit puts every record with ``version = v`` under the condition that the stored version
+is ``v - 1`` (``attribute_not_exists(pk)`` for ``v = 1``), all in one transaction of at most
+100 items, so a batch is all-or-nothing and a stale (zombie) writer can never overwrite
+newer state. Reads are strongly consistent, or the version checks would be meaningless.
+
+Numbers are stored as DynamoDB ``N`` from Python ints (exact, minor units), verdicts as
+``B``; ``expires_at`` (epoch s) is the table's TTL attribute. DynamoDB deletes expired
+items late (up to days), so ``Store.load`` still treats them as absent itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import aioboto3  # type: ignore[import-untyped]
+from botocore.config import Config  # type: ignore[import-untyped]
+from botocore.exceptions import (  # type: ignore[import-untyped]
+    BotoCoreError,
+    ClientError,
+    HTTPClientError,
+    NoCredentialsError,
+    NoRegionError,
+    PartialCredentialsError,
+)
+from botocore.exceptions import ConnectionError as EndpointError
+
+from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
+from limitflow.errors import (
+    ConfigError,
+    ConflictError,
+    StoreError,
+    StoreNotInitialized,
+    StoreRejected,
+    StoreUnavailable,
+)
+from schemas.events import EventType
+from stores.base import Retention, Store
+
+log = logging.getLogger("limitflow.stores.dynamo")
+
+Item = dict[str, dict[str, Any]]
+"""An item in DynamoDB's wire format: ``{"name": {"S": "…"}}``."""
+
+MAX_TRANSACT_ITEMS = 100
+"""DynamoDB's limit of actions in one ``TransactWriteItems``."""
+MAX_BATCH_GET_KEYS = 100
+"""DynamoDB's limit of keys in one ``BatchGetItem``."""
+_UNPROCESSED_RETRIES = 8
+_PREFIX = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+_URL_PARAMS = {"endpoint_url", "region"}
+
+_THROTTLED = {
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "LimitExceededException",
+    "InternalServerError",
+    "ServiceUnavailable",
+    "TransactionInProgressException",
+}
+_CANCEL_CONFLICT = {"ConditionalCheckFailed", "TransactionConflict"}
+_CANCEL_THROTTLED = {"ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded"}
+
+BUCKET, ACCOUNT, EVENT = "b#", "a#", "e#"
+
+
+def _n(value: int) -> dict[str, str]:
+    return {"N": str(value)}
+
+
+def _bucket_item(key: str, bucket: Bucket) -> Item:
+    item: Item = {
+        "pk": {"S": BUCKET + key},
+        "version": _n(bucket.version),
+        "count": _n(bucket.count),
+        "amount": _n(bucket.amount),
+    }
+    if bucket.period_end is not None:
+        item["period_end"] = _n(bucket.period_end)
+    if bucket.expires_at is not None:
+        item["expires_at"] = _n(bucket.expires_at)
+    return item
+
+
+def _account_item(key: str, account: Account) -> Item:
+    return {"pk": {"S": ACCOUNT + key}, "version": _n(account.version), "seq": _n(account.seq)}
+
+
+def _event_item(key: str, record: EventRecord) -> Item:
+    item: Item = {
+        "pk": {"S": EVENT + key},
+        "version": _n(record.version),
+        "fingerprint": {"S": record.fingerprint},
+        "account_id": {"S": record.account_id},
+        "type": {"S": record.type.value},
+        "accepted": {"BOOL": record.accepted},
+        "seq": _n(record.seq),
+        "verdict": {"B": record.verdict},
+        "amount": _n(record.amount),
+        "reversed": _n(record.reversed),
+        "buckets": {"L": [{"S": b} for b in record.buckets]},
+        "occurred": _n(record.occurred),
+    }
+    if record.currency is not None:
+        item["currency"] = {"S": record.currency}
+    if record.expires_at is not None:
+        item["expires_at"] = _n(record.expires_at)
+    return item
+
+
+def _opt_int(item: Mapping[str, Mapping[str, Any]], name: str) -> int | None:
+    value = item.get(name)
+    return None if value is None else int(value["N"])
+
+
+def _add_item(snapshot: Snapshot, item: Mapping[str, Mapping[str, Any]]) -> None:
+    """Put a stored item into ``snapshot`` as a fresh record."""
+    pk: str = item["pk"]["S"]
+    kind, key = pk[:2], pk[2:]
+    version = int(item["version"]["N"])
+    if kind == BUCKET:
+        snapshot.buckets[key] = Bucket(
+            count=int(item["count"]["N"]),
+            amount=int(item["amount"]["N"]),
+            version=version,
+            period_end=_opt_int(item, "period_end"),
+            expires_at=_opt_int(item, "expires_at"),
+        )
+    elif kind == ACCOUNT:
+        snapshot.accounts[key] = Account(seq=int(item["seq"]["N"]), version=version)
+    elif kind == EVENT:
+        currency = item.get("currency")
+        snapshot.events[key] = EventRecord(
+            fingerprint=item["fingerprint"]["S"],
+            account_id=item["account_id"]["S"],
+            type=EventType(item["type"]["S"]),
+            accepted=bool(item["accepted"]["BOOL"]),
+            seq=int(item["seq"]["N"]),
+            verdict=bytes(item["verdict"]["B"]),
+            amount=int(item["amount"]["N"]),
+            currency=None if currency is None else currency["S"],
+            reversed=int(item["reversed"]["N"]),
+            buckets=tuple(b["S"] for b in item["buckets"]["L"]),
+            occurred=int(item["occurred"]["N"]),
+            version=version,
+            expires_at=_opt_int(item, "expires_at"),
+        )
+    else:
+        raise StoreRejected(f"unexpected item {pk!r} in the limitflow table")
+
+
+def _items(writes: Writes) -> Iterator[Item]:
+    for key, bucket in writes.buckets.items():
+        yield _bucket_item(key, bucket)
+    for key, account in writes.accounts.items():
+        yield _account_item(key, account)
+    for key, record in writes.events.items():
+        yield _event_item(key, record)
+
+
+def _error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def translate(exc: Exception, what: str) -> StoreError:
+    """The limitflow error for a botocore error raised while doing ``what``."""
+    if isinstance(exc, ClientError):
+        code = _error_code(exc)
+        message = exc.response.get("Error", {}).get("Message", "")
+        text = f"DynamoDB {what}: {code}: {message}"
+        if code == "ResourceNotFoundException":
+            return StoreNotInitialized(f"{text}: the table is missing")
+        if code in ("ConditionalCheckFailedException", "TransactionConflictException"):
+            return ConflictError(text)
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if code in _THROTTLED or (isinstance(status, int) and status >= 500):
+            return StoreUnavailable(text)
+        return StoreRejected(text)
+    if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+        return StoreRejected(f"DynamoDB {what}: no usable AWS credentials: {exc}")
+    if isinstance(exc, EndpointError | HTTPClientError | TimeoutError | OSError):
+        return StoreUnavailable(f"DynamoDB {what}: {exc}")
+    if isinstance(exc, BotoCoreError):
+        # parameter validation and the like: the request itself is wrong
+        return StoreRejected(f"DynamoDB {what}: {exc}")
+    return StoreUnavailable(f"DynamoDB {what}: {exc!r}")
+
+
+_DRIVER_ERRORS = (BotoCoreError, ClientError, TimeoutError, OSError)
+
+
+def _cancellation(exc: ClientError) -> StoreError:
+    """The error for a cancelled transaction, from its per-item ``CancellationReasons``."""
+    reasons: list[dict[str, Any]] = exc.response.get("CancellationReasons", [])
+    codes = {reason.get("Code", "None") for reason in reasons}
+    for reason in reasons:
+        if reason.get("Code") == "ConditionalCheckFailed":
+            old = reason.get("Item") or {}
+            pk = old.get("pk", {}).get("S", "?")
+            stored = old.get("version", {}).get("N", "absent")
+            log.info("conflict on %s: stored version %s moved since it was read", pk, stored)
+            break
+    if codes & _CANCEL_CONFLICT:
+        return ConflictError(f"a record changed since it was read ({', '.join(sorted(codes))})")
+    if codes & _CANCEL_THROTTLED:
+        return StoreUnavailable(f"DynamoDB throttled the commit ({', '.join(sorted(codes))})")
+    return StoreRejected(f"DynamoDB cancelled the commit: {reasons}")
+
+
+class DynamoStore(Store):
+    """State in the DynamoDB table ``{prefix}-state``, through one reused aioboto3 client."""
+
+    max_records_per_commit = MAX_TRANSACT_ITEMS
+
+    def __init__(
+        self,
+        prefix: str = "limitflow",
+        retention: Retention | None = None,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        session: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(retention, **kwargs)
+        if not _PREFIX.fullmatch(prefix):
+            raise ConfigError(f"DynamoDB table prefix {prefix!r}: use letters, digits, _ . -")
+        self.table = f"{prefix}-state"
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self._session: Any = session if session is not None else aioboto3.Session()
+        self._client: Any = None
+        self._exit = contextlib.AsyncExitStack()
+        self._opening = asyncio.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, retention: Retention | None = None) -> DynamoStore:
+        """``dynamodb://PREFIX?endpoint_url=…&region=…``; credentials from the AWS chain."""
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+        query.pop("bucket_retention_days", None)
+        query.pop("event_retention_days", None)
+        unknown = set(query) - _URL_PARAMS
+        if unknown:
+            raise ConfigError(f"{url}: unknown parameters {', '.join(sorted(unknown))}")
+        endpoint = query.get("endpoint_url", [None])[0]
+        region = query.get("region", [None])[0]
+        return cls(parts.netloc or "limitflow", retention, endpoint_url=endpoint, region=region)
+
+    async def _dynamodb(self) -> Any:
+        """The client, created on first use and reused until ``close``."""
+        if self._client is not None:
+            return self._client
+        async with self._opening:
+            if self._client is None:
+                config = Config(
+                    retries={"mode": "standard", "max_attempts": 4},
+                    connect_timeout=5,
+                    read_timeout=10,
+                    max_pool_connections=64,
+                )
+                try:
+                    self._client = await self._exit.enter_async_context(
+                        self._session.client(
+                            "dynamodb",
+                            endpoint_url=self.endpoint_url,
+                            region_name=self.region,
+                            config=config,
+                        )
+                    )
+                except NoRegionError as exc:
+                    raise ConfigError(
+                        "DynamoDB: no AWS region; add ?region=… to the store URL or set AWS_REGION"
+                    ) from exc
+                except _DRIVER_ERRORS as exc:
+                    raise translate(exc, "connect") from exc
+        return self._client
+
+    async def close(self) -> None:
+        self._client = None
+        await self._exit.aclose()
+
+    # -- schema -------------------------------------------------------------------------
+
+    async def _create(self) -> None:
+        client = await self._dynamodb()
+        try:
+            await client.create_table(
+                TableName=self.table,
+                AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                BillingMode="PAY_PER_REQUEST",
+            )
+        except ClientError as exc:
+            if _error_code(exc) != "ResourceInUseException":  # exists already: fine
+                raise translate(exc, "CreateTable") from exc
+        except _DRIVER_ERRORS as exc:
+            raise translate(exc, "CreateTable") from exc
+        try:
+            waiter = client.get_waiter("table_exists")
+            await waiter.wait(TableName=self.table, WaiterConfig={"Delay": 1, "MaxAttempts": 120})
+            ttl = await client.describe_time_to_live(TableName=self.table)
+            if ttl["TimeToLiveDescription"].get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
+                await client.update_time_to_live(
+                    TableName=self.table,
+                    TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"},
+                )
+        except _DRIVER_ERRORS as exc:
+            raise translate(exc, "enabling TTL") from exc
+
+    async def _verify(self) -> None:
+        client = await self._dynamodb()
+        try:
+            table = await client.describe_table(TableName=self.table)
+        except _DRIVER_ERRORS as exc:
+            raise translate(exc, f"DescribeTable {self.table}") from exc
+        if table["Table"].get("TableStatus") not in ("ACTIVE", "UPDATING"):
+            raise StoreUnavailable(
+                f"DynamoDB table {self.table} is {table['Table']['TableStatus']}"
+            )
+
+    # -- records ------------------------------------------------------------------------
+
+    async def _read(self, keys: Keys) -> Snapshot:
+        pks = [
+            *(BUCKET + k for k in keys.buckets),
+            *(ACCOUNT + k for k in keys.accounts),
+            *(EVENT + k for k in keys.events),
+        ]
+        snapshot = Snapshot()
+        if not pks:
+            return snapshot
+        client = await self._dynamodb()
+        chunks = [
+            pks[start : start + MAX_BATCH_GET_KEYS]
+            for start in range(0, len(pks), MAX_BATCH_GET_KEYS)
+        ]
+        for items in await asyncio.gather(*(self._batch_get(client, c) for c in chunks)):
+            for item in items:
+                _add_item(snapshot, item)
+        return snapshot
+
+    async def _batch_get(self, client: Any, pks: list[str]) -> list[Item]:
+        """The stored items of ``pks`` (≤ 100), retrying ``UnprocessedKeys`` with backoff."""
+        request: dict[str, Any] = {
+            self.table: {"Keys": [{"pk": {"S": pk}} for pk in pks], "ConsistentRead": True}
+        }
+        found: list[Item] = []
+        for attempt in range(_UNPROCESSED_RETRIES + 1):
+            self.round_trips += 1
+            try:
+                response = await client.batch_get_item(RequestItems=request)
+            except _DRIVER_ERRORS as exc:
+                raise translate(exc, "BatchGetItem") from exc
+            found.extend(response.get("Responses", {}).get(self.table, []))
+            request = response.get("UnprocessedKeys") or {}
+            if not request:
+                return found
+            if attempt < _UNPROCESSED_RETRIES:
+                await asyncio.sleep(random.uniform(0, min(2.0, 0.025 * 2**attempt)))  # noqa: S311
+        raise StoreUnavailable(
+            f"DynamoDB left keys unprocessed after {_UNPROCESSED_RETRIES} retries (throttled)"
+        )
+
+    async def _write(self, writes: Writes) -> None:
+        if len(writes) > MAX_TRANSACT_ITEMS:
+            raise StoreRejected(
+                f"{len(writes)} records in one commit; DynamoDB allows {MAX_TRANSACT_ITEMS}"
+            )
+        actions: list[dict[str, Any]] = []
+        for item in _items(writes):
+            version = int(item["version"]["N"])
+            put: dict[str, Any] = {
+                "TableName": self.table,
+                "Item": item,
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+            if version == 1:
+                put["ConditionExpression"] = "attribute_not_exists(pk)"
+            else:
+                put["ConditionExpression"] = "#v = :v"
+                put["ExpressionAttributeNames"] = {"#v": "version"}
+                put["ExpressionAttributeValues"] = {":v": _n(version - 1)}
+            actions.append({"Put": put})
+        client = await self._dynamodb()
+        self.round_trips += 1
+        try:
+            await client.transact_write_items(TransactItems=actions)
+        except ClientError as exc:
+            if _error_code(exc) == "TransactionCanceledException":
+                raise _cancellation(exc) from exc
+            raise translate(exc, "TransactWriteItems") from exc
+        except _DRIVER_ERRORS as exc:
+            raise translate(exc, "TransactWriteItems") from exc

