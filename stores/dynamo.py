@@ -20,7 +20,8 @@ import contextlib
 import logging
 import random
 import re
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -246,7 +247,12 @@ class DynamoStore(Store):
         self._opening = asyncio.Lock()
 
     @classmethod
-    def from_url(cls, url: str, retention: Retention | None = None) -> DynamoStore:
+    def from_url(
+        cls,
+        url: str,
+        retention: Retention | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> DynamoStore:
         """``dynamodb://PREFIX?endpoint_url=…&region=…``; credentials from the AWS chain."""
         parts = urlsplit(url)
         query = parse_qs(parts.query)
@@ -257,7 +263,13 @@ class DynamoStore(Store):
             raise ConfigError(f"{url}: unknown parameters {', '.join(sorted(unknown))}")
         endpoint = query.get("endpoint_url", [None])[0]
         region = query.get("region", [None])[0]
-        return cls(parts.netloc or "limitflow", retention, endpoint_url=endpoint, region=region)
+        return cls(
+            parts.netloc or "limitflow",
+            retention,
+            endpoint_url=endpoint,
+            region=region,
+            clock=clock,
+        )
 
     async def _dynamodb(self) -> Any:
         """The client, created on first use and reused until ``close``."""
