@@ -240,7 +240,7 @@ async def _run(args: argparse.Namespace) -> int:
     rules = _rules(settings.rules)
     store = await open_ready_store(settings.store)
     try:
-        return await _serve(settings, rules, store)
+        return await serve(settings, rules, store)
     except StoreError as exc:
         log.error("store failed for good: %s", exc)
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
@@ -254,7 +254,8 @@ async def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _serve(settings: RunSettings, rules: Any, store: Any) -> int:
+async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
+    """Run the consumer with ``store`` until SIGTERM/SIGINT (handlers installed here)."""
     from handlers.decide import Decider
     from streams.consumer import VelocityConsumer
     from streams.engine import Engine

@@ -392,15 +392,19 @@ async def check_against_replay(
             if exactly_once:
                 assert len(got_d) == 1
     assert set(sources) <= set(verdicts.by_source) | set(dead.by_source)
-    # verdicts keyed by account, event_id header, and each account's seq in order
-    last_seq: dict[tuple[int, str], int] = {}
-    for r in verdicts.records:
+    # keyed by account, event_id header, and each account's new verdicts in seq order
+    # 1, 2, 3… (a resend or a redelivered copy repeats an earlier verdict and seq)
+    seen_ids: set[str] = set()
+    last_seq: dict[str, int] = {}
+    for r in sorted(verdicts.records, key=lambda r: (r.partition, r.offset)):
         doc = json.loads(r.value)
         assert r.key == doc["account_id"].encode()
         assert dict(r.headers)["event_id"] == doc["event_id"].encode()
-        slot = (r.partition, doc["account_id"])
-        assert doc["seq"] >= last_seq.get(slot, 0) or not exactly_once
-        last_seq[slot] = max(doc["seq"], last_seq.get(slot, 0))
+        if doc["event_id"] in seen_ids:
+            continue
+        seen_ids.add(doc["event_id"])
+        assert doc["seq"] == last_seq.get(doc["account_id"], 0) + 1, doc
+        last_seq[doc["account_id"]] = doc["seq"]
     assert counters(s.store) == counters(replay_store)
     return verdicts, dead
 
@@ -520,3 +524,132 @@ def _rows(store: str) -> int:
         return 0
     finally:
         db.close()
+
+
+# -- outages --------------------------------------------------------------------------
+
+
+class FlakyStore:
+    """Wraps a real store; every call raises StoreUnavailable while ``down`` is set."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.down = False
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _check(self) -> None:
+        from limitflow.errors import StoreUnavailable
+
+        if self.down:
+            self.refused += 1
+            raise StoreUnavailable("test outage: store refusing")
+
+    async def load(self, keys: Any) -> Any:
+        self._check()
+        return await self.inner.load(keys)
+
+    async def commit(self, writes: Any) -> None:
+        self._check()
+        await self.inner.commit(writes)
+
+
+async def test_store_outage_pauses_then_resumes_without_loss(setup: Setup) -> None:
+    from limitflow.run_cli import serve
+    from limitflow.settings import load_run_settings
+    from schemas.rules import load_rules
+    from stores import open_store
+
+    lines = make_events(500, seed=5)
+    sources = await produce(setup.bootstrap, setup.topics[0], lines)
+    port = _free_port()
+    events, verdicts, dead = setup.topics
+    settings = load_run_settings(
+        {"bootstrap_servers": setup.bootstrap, "input_topic": events, "output_topic": verdicts,
+         "dead_letter_topic": dead, "group_id": f"{setup.name}-g", "rules": RULES,
+         "store": setup.store, "http_port": port, "session_timeout_ms": 6000,
+         "retry_initial_ms": 100, "retry_max_ms": 500, "batch_size": 100},
+        {},
+    )
+    inner = open_store(setup.store)
+    await inner.init()
+    store = FlakyStore(inner)
+    store.down = True
+    task = asyncio.create_task(serve(settings, load_rules(RULES), store))
+    try:
+        deadline = time.monotonic() + 60
+        while store.refused < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert store.refused >= 5, "the consumer never reached the store"
+        status, body = await asyncio.to_thread(http_get, port, "/readyz")
+        assert status == 503 and json.loads(body)["state"] == "waiting", body
+        assert (await asyncio.to_thread(http_get, port, "/healthz"))[0] == 200
+        metrics = (await asyncio.to_thread(http_get, port, "/metrics"))[1]
+        assert 'limitflow_retries_total{stage="decide"}' in metrics
+        assert _rows(setup.store) == 0
+        store.down = False
+        await check_against_replay(setup, lines, sources)
+        assert (await asyncio.to_thread(http_get, port, "/readyz"))[0] == 200
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)  # serve() installed its handler on this loop
+        assert await asyncio.wait_for(task, 60) == 0
+        await inner.close()
+
+
+@pytest.fixture
+def noida(tmp_path: Path) -> Iterator[Any]:
+    with broker("noida") as handle:
+        yield handle
+
+
+async def test_broker_outage_and_return_loses_nothing(noida: Any, tmp_path: Path) -> None:
+    s = Setup(noida.bootstrap_servers, tmp_path, f"outage-{random.randrange(10**6)}")
+    s.create_topics()
+    try:
+        lines = make_events(600, seed=6)
+        half = len(lines) // 2
+        sources = await produce(s.bootstrap, s.topics[0], lines[:half])
+        proc = s.run("--batch-size", "50")
+        wait_for(lambda: _rows(s.store) > 0, 60, "the first verdicts")
+        noida.stop()
+        time.sleep(4)
+        assert proc.poll() is None, "limitflow run died with its broker"
+        noida.start()
+        sources += await produce(s.bootstrap, s.topics[0], lines[half:])
+        await check_against_replay(s, lines, sources)
+        assert s.stop(proc) == 0
+    finally:
+        s.kill_all()
+
+
+async def test_exactly_once_survives_kill_9_mid_transaction(noida: Any, tmp_path: Path) -> None:
+    s = Setup(noida.bootstrap_servers, tmp_path, f"eos-{random.randrange(10**6)}")
+    s.create_topics()
+    try:
+        lines = make_events(1500, seed=7)
+        sources = await produce(s.bootstrap, s.topics[0], lines)
+        for _ in range(2):  # kill twice: the odds of landing inside a transaction add up
+            proc = s.run("--guarantee", "exactly-once", "--batch-size", "10")
+            before = _rows(s.store)
+            wait_for(lambda b=before: _rows(s.store) > b + 50, 90, "progress")
+            proc.kill()
+            proc.wait()
+            # noida defect: it never expires the killed member (it stays group leader
+            # and every later SyncGroup fails "group rebalance"), so a restart in the
+            # same group never gets partitions. Restarting the broker (data kept)
+            # clears the membership; the open transaction must still be aborted.
+            noida.stop()
+            noida.start()
+        assert _rows(s.store) < len(lines), "killed too late to be mid-stream"
+        proc = s.run("--guarantee", "exactly-once", "--batch-size", "10")
+        await check_against_replay(s, lines, sources, isolation="read_committed",
+                                   exactly_once=True)
+        assert s.stop(proc) == 0
+        uncommitted = await read_topic(s.bootstrap, s.topics[1])
+        committed = await read_topic(s.bootstrap, s.topics[1], isolation="read_committed")
+        # what a read_uncommitted reader sees beyond that is aborted or replayed work
+        assert len(uncommitted.records) >= len(committed.records)
+    finally:
+        s.kill_all()
