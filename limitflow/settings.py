@@ -145,6 +145,25 @@ def _build(cls: type[_T], values: Mapping[str, Any], env: Mapping[str, str], **g
     return cls(**kwargs)
 
 
+def _require(
+    classes: tuple[type[Any], ...], values: Mapping[str, Any], env: Mapping[str, str]
+) -> None:
+    """Raise one ``ConfigError`` naming every required setting given neither way."""
+    missing = [
+        spec.name
+        for cls in classes
+        for spec in dataclasses.fields(cls)
+        if spec.default is dataclasses.MISSING
+        and spec.default_factory is dataclasses.MISSING
+        and spec.name != "kafka"
+        and values.get(spec.name) is None
+        and env.get(env_name(spec.name)) is None
+    ]
+    if missing:
+        needed = ", ".join(f"--{n.replace('_', '-')} ({env_name(n)})" for n in missing)
+        raise ConfigError(f"missing required settings: {needed}")
+
+
 def _check(settings: KafkaSettings) -> KafkaSettings:
     for host_port in settings.bootstrap_servers.split(","):
         host, sep, port = host_port.strip().rpartition(":")
@@ -166,6 +185,7 @@ def _positive(name: str, value: int, *, zero_ok: bool = False) -> None:
 
 def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunSettings:
     """``RunSettings`` from parsed flags (None = not given) over ``env`` over defaults."""
+    _require((KafkaSettings, RunSettings), values, env)
     kafka = _check(_build(KafkaSettings, values, env))
     settings = _build(RunSettings, values, env, kafka=kafka)
     for name in (
