@@ -193,7 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = []
+from limitflow.run_cli import register_commands as _run_commands  # noqa: E402
+
+EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    _run_commands
+]
 """Registrars of subcommands that live with their runtime (``run``, ``topics``)."""
 
 

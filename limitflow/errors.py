@@ -9,6 +9,11 @@
         ├── ConflictError           retriable: state changed since it was read
         ├── StoreNotInitialized     not retriable: run ``limitflow store init``
         └── StoreRejected           not retriable: the store refused the request itself
+    └── BrokerError                 Kafka failed (translated in streams/, never raw aiokafka)
+        ├── BrokerUnavailable       retriable: brokers down, slow or refusing
+        ├── PartitionLost           not retriable here: the partition moved to another
+        │                           member (fenced, commit refused); its batch is abandoned
+        └── BrokerRejected          not retriable: the broker refused the request itself
 
 Driver errors are translated into these at the adapter boundary (``raise … from exc``);
 code above the adapters tests the type and ``retriable``, never the message text.
@@ -51,3 +56,21 @@ class StoreNotInitialized(StoreError):
 
 class StoreRejected(StoreError):
     """The store refused a request for a reason that retrying will not fix."""
+
+
+class BrokerError(LimitflowError):
+    """A Kafka broker or client failed."""
+
+
+class BrokerUnavailable(BrokerError):
+    """Brokers cannot be reached or timed out; the same request may succeed later."""
+
+    retriable = True
+
+
+class PartitionLost(BrokerError):
+    """This member no longer owns a partition: its uncommitted records go to the new owner."""
+
+
+class BrokerRejected(BrokerError):
+    """The broker refused a request for a reason that retrying will not fix."""

@@ -1,0 +1,339 @@
+"""``limitflow run`` and ``limitflow topics create``: the edge of the Kafka runtime.
+
+Settings are read here once (flags over ``LIMITFLOW_*`` environment over defaults) and
+every client is built here from them; nothing below reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from limitflow.settings import (
+    DEFAULT_STORE,
+    Guarantee,
+    KafkaSettings,
+    RunSettings,
+    TopicSettings,
+    env_name,
+    load_run_settings,
+    load_topic_settings,
+)
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # type: ignore[import-untyped]
+    from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
+
+EXIT_BROKER = 4
+"""Kafka refused a request for good (the store's failures exit with 3)."""
+
+log = logging.getLogger("limitflow.run")
+_T = TypeVar("_T")
+
+
+def _env_help(text: str, option: str) -> str:
+    return f"{text} [env {env_name(option)}]"
+
+
+def _kafka_options(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--bootstrap-servers", help=_env_help("Kafka brokers, HOST:PORT[,…]", "bootstrap_servers"))
+    add("--input-topic", help=_env_help("topic of the events", "input_topic"))
+    add("--output-topic", help=_env_help("topic the verdicts go to", "output_topic"))
+    add("--dead-letter-topic", help=_env_help("topic of rejected input", "dead_letter_topic"))
+    add("--partitions", type=int, help=_env_help("partitions of created topics (6)", "partitions"))
+    add(
+        "--replication-factor",
+        type=int,
+        help=_env_help("replication factor of created topics (1)", "replication_factor"),
+    )
+    add("--client-id", help=argparse.SUPPRESS)
+    add("--request-timeout-ms", type=int, help=argparse.SUPPRESS)
+
+
+def register_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``run`` and ``topics`` to the ``limitflow`` parser."""
+    run = commands.add_parser(
+        "run",
+        help="decide events from a Kafka topic until SIGTERM/SIGINT",
+        description="Every option can also be set by the environment variable shown; "
+        "a flag overrides it.",
+    )
+    _kafka_options(run)
+    add = run.add_argument
+    add("--group-id", help=_env_help("consumer group", "group_id"))
+    add("--rules", help=_env_help("rules file (YAML)", "rules"))
+    add("--store", help=_env_help(f"state store URL (default {DEFAULT_STORE})", "store"))
+    add(
+        "--guarantee",
+        choices=[g.value for g in Guarantee],
+        help=_env_help("at-least-once (default) or exactly-once (Kafka transactions)", "guarantee"),
+    )
+    add(
+        "--create-topics",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=_env_help("create missing topics at start", "create_topics"),
+    )
+    add(
+        "--http-port",
+        type=int,
+        help=_env_help("ops port: /healthz /readyz /metrics; 0 = off", "http_port"),
+    )
+    add("--http-host", help=_env_help("ops address (127.0.0.1)", "http_host"))
+    add("--batch-size", type=int, help=_env_help("records per batch (2000)", "batch_size"))
+    add("--log-level", help=_env_help("DEBUG, INFO (default), WARNING…", "log_level"))
+    add(
+        "--log-format",
+        choices=["json", "text"],
+        help=_env_help("json (default) or text", "log_format"),
+    )
+    for hidden in (
+        "--poll-timeout-ms",
+        "--session-timeout-ms",
+        "--max-poll-interval-ms",
+        "--retry-initial-ms",
+        "--retry-max-ms",
+        "--shutdown-grace-ms",
+    ):
+        add(hidden, type=int, help=argparse.SUPPRESS)
+    run.set_defaults(handler=_run)
+
+    topics = commands.add_parser("topics", help="manage the Kafka topics limitflow uses")
+    topic_commands = topics.add_subparsers(dest="topics_command", required=True)
+    create = topic_commands.add_parser(
+        "create", help="create the input, output and dead-letter topics (existing ones are kept)"
+    )
+    _kafka_options(create)
+    create.set_defaults(handler=_topics_create)
+
+
+def _values(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if k not in ("handler", "command")}
+
+
+def _settings(load: Callable[[], _T]) -> _T:
+    from limitflow.cli import EXIT_USAGE, CommandFailed
+    from limitflow.errors import ConfigError
+
+    try:
+        return load()
+    except ConfigError as exc:
+        raise CommandFailed(str(exc), EXIT_USAGE) from None
+
+
+# -- clients, built once from the settings ------------------------------------------
+
+
+def _admin(kafka: KafkaSettings) -> AIOKafkaAdminClient:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    return AIOKafkaAdminClient(
+        bootstrap_servers=kafka.bootstrap_servers,
+        client_id=f"{kafka.client_id}-admin",
+        request_timeout_ms=kafka.request_timeout_ms,
+    )
+
+
+def _consumer(settings: RunSettings) -> AIOKafkaConsumer:
+    from aiokafka import AIOKafkaConsumer
+
+    return AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        client_id=settings.kafka.client_id,
+        group_id=settings.group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        session_timeout_ms=settings.session_timeout_ms,
+        heartbeat_interval_ms=max(100, settings.session_timeout_ms // 3),
+        max_poll_interval_ms=settings.max_poll_interval_ms,
+        request_timeout_ms=settings.kafka.request_timeout_ms,
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+    )
+
+
+def _producer(kafka: KafkaSettings, transactional_id: str | None = None) -> AIOKafkaProducer:
+    from aiokafka import AIOKafkaProducer
+
+    # Plain producer: acks=all and one in-flight batch per partition keep order without
+    # idempotence, which some Kafka-protocol brokers (tansu) do not implement.
+    return AIOKafkaProducer(
+        bootstrap_servers=kafka.bootstrap_servers,
+        client_id=kafka.client_id,
+        acks="all",
+        linger_ms=5,
+        request_timeout_ms=kafka.request_timeout_ms,
+        transactional_id=transactional_id,
+        enable_idempotence=transactional_id is not None,
+    )
+
+
+async def _started(
+    what: str, build: Callable[[], Any], stop: Callable[[], bool], settings: RunSettings | None
+) -> Any:
+    """Start a client built by ``build``, retrying (rebuilt each time) while brokers are down."""
+    from streams.output import translate
+
+    delay = (settings.retry_initial_ms if settings else 200) / 1000
+    ceiling = (settings.retry_max_ms if settings else 30_000) / 1000
+    while True:
+        client = build()
+        try:
+            await client.start()
+            return client
+        except Exception as exc:
+            error = translate(exc)
+            with contextlib.suppress(Exception):
+                await (client.close() if hasattr(client, "close") else client.stop())
+            if not getattr(error, "retriable", False) or stop():
+                raise error from exc
+            log.warning("%s cannot reach Kafka, retrying in %.1fs: %s", what, delay, exc)
+            await asyncio.sleep(delay)
+            delay = min(ceiling, delay * 2)
+
+
+async def _topics_create(args: argparse.Namespace) -> int:
+    from limitflow.cli import EXIT_OK, CommandFailed
+    from limitflow.errors import BrokerError
+    from streams.topics import TopicError, create_topics
+
+    settings: TopicSettings = _settings(lambda: load_topic_settings(_values(args), os.environ))
+    admin = _admin(settings.kafka)
+    try:
+        await admin.start()
+        outcome = await create_topics(admin, settings)
+    except (TopicError, BrokerError) as exc:
+        raise CommandFailed(str(exc), EXIT_BROKER) from None
+    except Exception as exc:
+        from streams.output import translate
+
+        raise CommandFailed(f"kafka: {translate(exc)}", EXIT_BROKER) from None
+    finally:
+        await admin.close()
+    for name, what in outcome.items():
+        print(f"{name}: {what}")
+    return EXIT_OK
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from limitflow.cli import (
+        EXIT_OK,
+        EXIT_STORE,
+        EXIT_USAGE,
+        CommandFailed,
+        _rules,
+        open_ready_store,
+    )
+    from limitflow.errors import BrokerError, StoreError
+    from streams.ops import configure_logging
+
+    settings = _settings(lambda: load_run_settings(_values(args), os.environ))
+    configure_logging(settings.log_level, settings.log_format)
+    rules = _rules(settings.rules)
+    store = await open_ready_store(settings.store)
+    try:
+        return await serve(settings, rules, store)
+    except StoreError as exc:
+        log.error("store failed for good: %s", exc)
+        raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
+    except BrokerError as exc:
+        log.error("kafka failed for good: %s", exc)
+        raise CommandFailed(f"kafka: {exc}", EXIT_BROKER) from None
+    except LookupError as exc:
+        raise CommandFailed(str(exc.args[0]), EXIT_USAGE) from None
+    finally:
+        await store.close()  # type: ignore[attr-defined]
+    return EXIT_OK
+
+
+async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
+    """Run the consumer with ``store`` until SIGTERM/SIGINT (handlers installed here)."""
+    from handlers.decide import Decider
+    from streams.consumer import VelocityConsumer
+    from streams.engine import Engine
+    from streams.ops import Health, Metrics, OpsServer
+    from streams.output import AtLeastOnceOutput, Output, TransactionalOutput
+    from streams.topics import create_topics
+
+    metrics = Metrics()
+    health = Health(metrics)
+    ops = OpsServer(health, settings.http_host, settings.http_port) if settings.http_port else None
+    if ops:
+        await ops.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    runner: VelocityConsumer | None = None
+
+    def on_signal(sig: signal.Signals) -> None:
+        log.info("received %s", sig.name)
+        if runner is not None:
+            runner.request_stop(now=stop.is_set())
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    consumer = producer = None
+    output: Output | None = None
+    try:
+        if settings.create_topics:
+            admin = await _started("admin", lambda: _admin(settings.kafka), stop.is_set, settings)
+            try:
+                await create_topics(admin, settings.topics)
+            finally:
+                await admin.close()
+        consumer = await _started("consumer", lambda: _consumer(settings), stop.is_set, settings)
+        existing = await consumer.topics()
+        kafka = settings.kafka
+        missing = [
+            t
+            for t in (kafka.input_topic, kafka.output_topic, kafka.dead_letter_topic)
+            if t not in existing
+        ]
+        if missing:
+            raise LookupError(
+                f"missing topics {', '.join(missing)}: run `limitflow topics create` "
+                "or pass --create-topics"
+            )
+        if settings.guarantee is Guarantee.EXACTLY_ONCE:
+            output = TransactionalOutput(
+                lambda tid: _producer(kafka, tid), consumer, settings.group_id
+            )
+        else:
+            producer = await _started("producer", lambda: _producer(kafka), stop.is_set, settings)
+            output = AtLeastOnceOutput(producer, consumer)
+        engine = Engine(Decider(rules), store)
+        runner = VelocityConsumer(settings, engine, consumer, output, health, metrics)
+        log.info(
+            "consuming",
+            extra={
+                "input_topic": kafka.input_topic,
+                "group_id": settings.group_id,
+                "guarantee": settings.guarantee.value,
+                "rules_version": rules.version,
+            },
+        )
+        runner.subscribe()
+        if stop.is_set():
+            runner.request_stop()
+        started = time.monotonic()
+        await runner.run()
+        log.info("ran for %.1fs", time.monotonic() - started)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        if output is not None:
+            await output.close()
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(consumer.stop(), 15)
+        if ops:
+            await ops.stop()
+    return 0

@@ -1,0 +1,215 @@
+"""Settings of the Kafka runtime: one frozen object, built once at the edge.
+
+Every option of ``limitflow run`` and ``limitflow topics create`` has an environment
+variable ``LIMITFLOW_<NAME>`` (``--input-topic`` ↔ ``LIMITFLOW_INPUT_TOPIC``). A command
+line flag overrides the environment, which overrides the default. Only ``load_*`` read
+an environment mapping, and it is handed in: nothing below the edge calls ``os.getenv``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from limitflow.errors import ConfigError
+
+ENV_PREFIX = "LIMITFLOW_"
+DEFAULT_STORE = "sqlite:///limitflow.db"
+
+
+class Guarantee(enum.StrEnum):
+    """What a reader of the output topic can rely on."""
+
+    AT_LEAST_ONCE = "at-least-once"
+    """Offsets are committed after verdicts are delivered; a crash may publish a verdict
+    again (always the identical one), never lose one."""
+    EXACTLY_ONCE = "exactly-once"
+    """Verdicts and offsets are committed in one Kafka transaction per input partition;
+    ``read_committed`` readers see each verdict once."""
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSettings:
+    """How to reach the brokers and which topics to use."""
+
+    bootstrap_servers: str
+    """Comma-separated ``HOST:PORT`` list."""
+    input_topic: str
+    output_topic: str
+    dead_letter_topic: str
+    client_id: str = "limitflow"
+    request_timeout_ms: int = 30_000
+    """Per request to a broker; a slower broker counts as unavailable and is retried."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    """What ``limitflow topics create`` (and ``run --create-topics``) creates."""
+
+    kafka: KafkaSettings
+    partitions: int = 6
+    replication_factor: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    """Everything ``limitflow run`` needs."""
+
+    kafka: KafkaSettings
+    group_id: str
+    rules: str
+    """Path of the rules file (YAML)."""
+    store: str = DEFAULT_STORE
+    """State store URL, as ``open_store`` takes it."""
+    guarantee: Guarantee = Guarantee.AT_LEAST_ONCE
+    http_port: int = 0
+    """Port of ``/healthz``, ``/readyz`` and ``/metrics`` on ``http_host``; 0 turns it off."""
+    http_host: str = "127.0.0.1"
+    create_topics: bool = False
+    """Create missing topics at start (with ``partitions`` and ``replication_factor``)."""
+    partitions: int = 6
+    replication_factor: int = 1
+    batch_size: int = 2_000
+    """Most records taken by one ``getmany``, decided and committed together."""
+    poll_timeout_ms: int = 500
+    """How long one ``getmany`` waits for records; bounds how late a stop is noticed."""
+    session_timeout_ms: int = 10_000
+    max_poll_interval_ms: int = 300_000
+    retry_initial_ms: int = 200
+    """First wait after a retriable failure; doubled on each further failure."""
+    retry_max_ms: int = 30_000
+    shutdown_grace_ms: int = 30_000
+    """On SIGTERM, how long to keep retrying a batch whose store or broker is down before
+    leaving it uncommitted (it is then redelivered and deduplicated)."""
+    log_level: str = "INFO"
+    log_format: str = "json"
+    """``json`` (one object a line) or ``text``."""
+
+    @property
+    def topics(self) -> TopicSettings:
+        """The topic layout this run creates with ``--create-topics``."""
+        return TopicSettings(self.kafka, self.partitions, self.replication_factor)
+
+
+_T = TypeVar("_T")
+
+
+def env_name(option: str) -> str:
+    """``input_topic`` → ``LIMITFLOW_INPUT_TOPIC``."""
+    return ENV_PREFIX + option.upper()
+
+
+def _convert(name: str, raw: Any, kind: Any) -> Any:
+    """``raw`` (a string from the environment, or a parsed flag) as type ``kind``."""
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    try:
+        if kind in (int, "int"):
+            return int(text)
+        if kind in (bool, "bool"):
+            lowered = text.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(f"not a boolean: {raw!r}")
+        if kind in (Guarantee, "Guarantee"):
+            return Guarantee(text)
+    except ValueError as exc:
+        raise ConfigError(f"{name} ({env_name(name)}): {exc}") from None
+    return text
+
+
+def _build(cls: type[_T], values: Mapping[str, Any], env: Mapping[str, str], **given: Any) -> _T:
+    """An instance of ``cls``: flag value, else environment, else the field's default."""
+    kwargs: dict[str, Any] = dict(given)
+    missing: list[str] = []
+    for spec in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if spec.name in given:
+            continue
+        raw = values.get(spec.name)
+        if raw is None:
+            raw = env.get(env_name(spec.name))
+        if raw is None:
+            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                missing.append(spec.name)
+            continue
+        kwargs[spec.name] = _convert(spec.name, raw, spec.type)
+    if missing:
+        needed = ", ".join(f"--{n.replace('_', '-')} ({env_name(n)})" for n in missing)
+        raise ConfigError(f"missing required settings: {needed}")
+    return cls(**kwargs)
+
+
+def _require(
+    classes: tuple[type[Any], ...], values: Mapping[str, Any], env: Mapping[str, str]
+) -> None:
+    """Raise one ``ConfigError`` naming every required setting given neither way."""
+    missing = [
+        spec.name
+        for cls in classes
+        for spec in dataclasses.fields(cls)
+        if spec.default is dataclasses.MISSING
+        and spec.default_factory is dataclasses.MISSING
+        and spec.name != "kafka"
+        and values.get(spec.name) is None
+        and env.get(env_name(spec.name)) is None
+    ]
+    if missing:
+        needed = ", ".join(f"--{n.replace('_', '-')} ({env_name(n)})" for n in missing)
+        raise ConfigError(f"missing required settings: {needed}")
+
+
+def _check(settings: KafkaSettings) -> KafkaSettings:
+    for host_port in settings.bootstrap_servers.split(","):
+        host, sep, port = host_port.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(
+                f"bootstrap_servers: expected HOST:PORT[,HOST:PORT…], got "
+                f"{settings.bootstrap_servers!r}"
+            )
+    names = [settings.input_topic, settings.output_topic, settings.dead_letter_topic]
+    if len(set(names)) != len(names):
+        raise ConfigError("input, output and dead-letter topics must be three different topics")
+    return settings
+
+
+def _positive(name: str, value: int, *, zero_ok: bool = False) -> None:
+    if value < 0 or (value == 0 and not zero_ok):
+        raise ConfigError(f"{name} ({env_name(name)}) must be {'>= 0' if zero_ok else '> 0'}")
+
+
+def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunSettings:
+    """``RunSettings`` from parsed flags (None = not given) over ``env`` over defaults."""
+    _require((KafkaSettings, RunSettings), values, env)
+    kafka = _check(_build(KafkaSettings, values, env))
+    settings = _build(RunSettings, values, env, kafka=kafka)
+    for name in (
+        "batch_size",
+        "poll_timeout_ms",
+        "partitions",
+        "replication_factor",
+        "retry_initial_ms",
+        "retry_max_ms",
+        "session_timeout_ms",
+    ):
+        _positive(name, getattr(settings, name))
+    _positive("shutdown_grace_ms", settings.shutdown_grace_ms, zero_ok=True)
+    if not 0 <= settings.http_port <= 65_535:
+        raise ConfigError(f"http_port ({env_name('http_port')}) must be 0..65535")
+    if settings.log_format not in ("json", "text"):
+        raise ConfigError(f"log_format ({env_name('log_format')}) must be json or text")
+    return settings
+
+
+def load_topic_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> TopicSettings:
+    """``TopicSettings`` from parsed flags (None = not given) over ``env`` over defaults."""
+    kafka = _check(_build(KafkaSettings, values, env))
+    settings = _build(TopicSettings, values, env, kafka=kafka)
+    _positive("partitions", settings.partitions)
+    _positive("replication_factor", settings.replication_factor)
+    return settings

@@ -1,0 +1,321 @@
+"""``limitflow run``: events from Kafka in, verdicts out, batch by batch, never early.
+
+One batch at a time: ``getmany`` → ``Engine.process`` (every state change committed to
+the store) → publish the verdicts and dead letters and wait for acks → commit offsets
+(with ``--guarantee exactly-once``: publish and commit in one transaction per input
+partition). An offset is never committed before its verdict and state change are
+durable, so a crash, a rebalance or a replay only ever redelivers records; the engine's
+idempotency records turn them into the identical verdicts without counting twice.
+
+A retriable failure (``exc.retriable``: store or brokers down, slow or refusing) pauses
+the assigned partitions and retries the failed stage with exponential backoff until it
+succeeds. A rebalance waits for the batch in hand; if that batch is stuck waiting on an
+outage it is abandoned instead: not committed, so the next owner gets it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition  # type: ignore[import-untyped]
+from aiokafka.errors import IllegalStateError, KafkaError  # type: ignore[import-untyped]
+from aiokafka.structs import ConsumerRecord  # type: ignore[import-untyped]
+
+from handlers.decide import OutcomeKind
+from limitflow.errors import LimitflowError, PartitionLost
+from limitflow.settings import RunSettings
+from streams.engine import Engine, Record, Result
+from streams.ops import ConsumerState, Health, Metrics
+from streams.output import Message, Output, messages
+
+log = logging.getLogger("limitflow.consumer")
+
+_T = TypeVar("_T")
+Batch = Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
+
+
+class BatchAbandoned(Exception):
+    """The batch in hand is dropped uncommitted (rebalance or stop during an outage)."""
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Whether trying the same step again may succeed: by type, never by message."""
+    return isinstance(exc, LimitflowError) and exc.retriable
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: VelocityConsumer) -> None:
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.owner.partitions_revoked(frozenset(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.owner.partitions_assigned(frozenset(assigned))
+
+
+class VelocityConsumer:
+    """Runs the consume → decide → publish → commit loop until asked to stop."""
+
+    def __init__(
+        self,
+        settings: RunSettings,
+        engine: Engine,
+        consumer: AIOKafkaConsumer,
+        output: Output,
+        health: Health,
+        metrics: Metrics,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.consumer = consumer
+        self.output = output
+        self.health = health
+        self.metrics = metrics
+        self._batch_lock = asyncio.Lock()
+        self._interrupt = asyncio.Event()
+        """Set to wake a retry wait: a rebalance started or a stop was asked for."""
+        self._revoking = False
+        self._stop_requested_at: float | None = None
+        self._positions: dict[TopicPartition, int] = {}
+        self._round_trips = engine.store.round_trips
+
+    # -- life cycle ---------------------------------------------------------------
+
+    def subscribe(self) -> None:
+        self.consumer.subscribe([self.settings.kafka.input_topic], listener=_Listener(self))
+
+    def request_stop(self, *, now: bool = False) -> None:
+        """Stop after the batch in hand (``now``: abandon it if it is waiting on an outage)."""
+        if self._stop_requested_at is None:
+            log.info("stop requested: finishing the batch in hand")
+            self._stop_requested_at = time.monotonic()
+            self.health.set(ConsumerState.STOPPING)
+        if now:
+            self._stop_requested_at = -float("inf")
+        self._interrupt.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested_at is not None
+
+    async def run(self) -> None:
+        """Consume until ``request_stop``; raises a non-retriable error it cannot handle."""
+        self.health.set(ConsumerState.RUNNING)
+        timeout = self.settings.poll_timeout_ms
+        try:
+            while not self.stopping:
+                batch = await self.consumer.getmany(
+                    timeout_ms=timeout, max_records=self.settings.batch_size
+                )
+                if batch:
+                    async with self._batch_lock:
+                        await self._handle(batch)
+                self._update_lag()
+        except BaseException:
+            self.health.set(ConsumerState.FAILED)
+            raise
+        self.health.set(ConsumerState.STOPPED)
+        log.info("stopped")
+
+    # -- rebalancing ----------------------------------------------------------------
+
+    async def partitions_revoked(self, revoked: frozenset[TopicPartition]) -> None:
+        """Let the batch in hand finish (or, if stuck on an outage, be abandoned)."""
+        self._revoking = True
+        if self.health.state is ConsumerState.WAITING:
+            self._interrupt.set()
+        try:
+            async with self._batch_lock:
+                await self.output.on_revoked(revoked)
+        finally:
+            self._revoking = False
+            if not self.stopping:
+                self._interrupt.clear()
+        for tp in revoked:
+            self._positions.pop(tp, None)
+            with contextlib.suppress(KeyError):
+                self.metrics.lag.remove(str(tp.partition))
+        log.info("partitions revoked", extra={"partitions": _names(revoked)})
+
+    async def partitions_assigned(self, assigned: frozenset[TopicPartition]) -> None:
+        self.health.assigned = frozenset(_names(assigned))
+        if assigned:
+            await self._retrying("assign", lambda: self.output.on_assigned(assigned), pause=False)
+        log.info("partitions assigned", extra={"partitions": _names(assigned)})
+
+    # -- one batch ----------------------------------------------------------------
+
+    async def _handle(self, batch: Batch) -> None:
+        started = time.perf_counter()
+        topics = self.settings.kafka
+        order = sorted(batch, key=lambda tp: (tp.topic, tp.partition))
+        records = [
+            Record(
+                r.value if r.value is not None else b"",
+                {"topic": r.topic, "partition": r.partition, "offset": r.offset},
+            )
+            for tp in order
+            for r in batch[tp]
+        ]
+        keys = {(r.partition, r.offset): r.key for tp in order for r in batch[tp]}
+        self.metrics.events.inc(len(records))
+        self.metrics.batch_size.observe(len(records))
+        try:
+            decided = time.perf_counter()
+            results = await self._retrying("decide", lambda: self.engine.process(records))
+            self.metrics.decision_seconds.observe(time.perf_counter() - decided)
+            self._count_round_trips()
+
+            def key_of(result: Result) -> bytes | None:
+                src = result.record.source
+                return keys.get((int(src["partition"]), int(src["offset"])))
+
+            out: dict[TopicPartition, list[Message]] = {tp: [] for tp in order}
+            position = 0
+            for tp in order:
+                chunk = results[position : position + len(batch[tp])]
+                position += len(batch[tp])
+                out[tp] = list(messages(chunk, topics, key_of))
+            offsets = {tp: batch[tp][-1].offset + 1 for tp in order}
+            done: set[TopicPartition] = set()
+            await self._retrying("publish", lambda: self.output.deliver(out, offsets, done))
+        except (BatchAbandoned, PartitionLost) as exc:
+            self._rewind(batch, exc)
+            return
+        self.metrics.commits.inc()
+        self._count_results(results)
+        for tp in order:
+            self._positions[tp] = offsets[tp]
+        self.health.last_batch_at = time.monotonic()
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        log.debug("batch committed", extra={"records": len(records), "offsets": _offsets(offsets)})
+
+    def _rewind(self, batch: Batch, why: BaseException) -> None:
+        """Put the uncommitted batch back: partitions still ours are read again from it."""
+        assigned = self.consumer.assignment()
+        for tp, recs in batch.items():
+            if tp in assigned:
+                with contextlib.suppress(IllegalStateError):
+                    self.consumer.seek(tp, recs[0].offset)
+        log.warning(
+            "batch abandoned uncommitted; it will be redelivered and deduplicated",
+            extra={
+                "reason": str(why),
+                "first_offsets": _offsets({tp: r[0].offset for tp, r in batch.items()}),
+            },
+        )
+
+    async def _retrying(
+        self, stage: str, attempt: Callable[[], Awaitable[_T]], *, pause: bool = True
+    ) -> _T:
+        """``attempt()`` until it succeeds, backing off on retriable failures."""
+        delay = self.settings.retry_initial_ms / 1000
+        ceiling = self.settings.retry_max_ms / 1000
+        failures = 0
+        outage_started = 0.0
+        paused: set[TopicPartition] = set()
+        try:
+            while True:
+                try:
+                    outcome = await attempt()
+                except Exception as exc:
+                    if not is_retriable(exc):
+                        raise
+                    failures += 1
+                    self.metrics.retries.labels(stage).inc()
+                    if failures == 1:
+                        outage_started = time.monotonic()
+                        if pause:
+                            paused = set(self.consumer.assignment())
+                            self.consumer.pause(*paused)
+                        if not self.stopping:
+                            self.health.set(ConsumerState.WAITING, waiting_on=stage)
+                    log.warning(
+                        "%s failed, retrying in %.1fs: %s",
+                        stage,
+                        delay,
+                        exc,
+                        extra={"stage": stage, "attempt": failures, "error": type(exc).__name__},
+                    )
+                    await self._wait(delay, stage)
+                    delay = min(ceiling, delay * 2) * random.uniform(0.8, 1.0)  # noqa: S311
+                    continue
+                if failures:
+                    log.info(
+                        "%s recovered after %d retries in %.1fs",
+                        stage,
+                        failures,
+                        time.monotonic() - outage_started,
+                        extra={"stage": stage, "retries": failures},
+                    )
+                return outcome
+        finally:
+            if paused:
+                self.consumer.resume(*(paused & set(self.consumer.assignment())))
+            if failures and self.health.state is ConsumerState.WAITING:
+                self.health.set(ConsumerState.RUNNING)
+
+    async def _wait(self, delay: float, stage: str) -> None:
+        """Sleep ``delay`` unless a rebalance or an expired stop grace abandons the batch."""
+        deadline = time.monotonic() + delay
+        while (left := deadline - time.monotonic()) > 0:
+            if self._revoking and stage != "assign":
+                raise BatchAbandoned("partitions are being revoked during an outage")
+            if self._stop_requested_at is not None:
+                grace = self.settings.shutdown_grace_ms / 1000
+                if time.monotonic() - self._stop_requested_at >= grace:
+                    raise BatchAbandoned("stop grace period expired during an outage")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._interrupt.wait(), timeout=min(left, 1.0))
+            if not (self.stopping or self._revoking):
+                self._interrupt.clear()
+            await self._keep_membership()
+
+    async def _keep_membership(self) -> None:
+        """Poll while paused so a long outage does not exceed ``max_poll_interval_ms``."""
+        if self._batch_lock.locked() and not self._revoking:
+            with contextlib.suppress(KafkaError):
+                stray = await self.consumer.getmany(timeout_ms=0)
+                for tp, recs in stray.items():  # should not happen while paused; never drop
+                    with contextlib.suppress(IllegalStateError):
+                        self.consumer.seek(tp, recs[0].offset)
+
+    # -- metrics ------------------------------------------------------------------
+
+    def _count_results(self, results: list[Result]) -> None:
+        for result in results:
+            if result.kind is OutcomeKind.DEAD_LETTER:
+                assert result.error is not None
+                self.metrics.dead_letters.labels(result.error.value).inc()
+            else:
+                self.metrics.verdicts.labels(
+                    str(result.decision),
+                    str(result.reason) if result.reason else "none",
+                    "true" if result.kind is OutcomeKind.DUPLICATE else "false",
+                ).inc()
+
+    def _count_round_trips(self) -> None:
+        now = self.engine.store.round_trips
+        self.metrics.store_round_trips.inc(max(0, now - self._round_trips))
+        self._round_trips = now
+
+    def _update_lag(self) -> None:
+        for tp, position in self._positions.items():
+            highwater = self.consumer.highwater(tp)
+            if highwater is not None:
+                self.metrics.lag.labels(str(tp.partition)).set(max(0, highwater - position))
+
+
+def _names(partitions: frozenset[TopicPartition]) -> list[str]:
+    return sorted(f"{tp.topic}:{tp.partition}" for tp in partitions)
+
+
+def _offsets(offsets: Mapping[TopicPartition, int]) -> dict[str, int]:
+    return {f"{tp.topic}:{tp.partition}": offset for tp, offset in offsets.items()}

@@ -1,0 +1,224 @@
+"""Operating the consumer: its state, JSON logs, Prometheus metrics and the ops endpoint.
+
+The endpoint is a minimal HTTP/1.1 server on asyncio streams (``GET`` only, one request
+per connection), so no web framework is needed for three read-only paths:
+
+    /healthz   200 while the process is working or waiting out an outage; 503 once failed
+    /readyz    200 while consuming with store and brokers reachable; 503 otherwise
+    /metrics   Prometheus text format
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+log = logging.getLogger("limitflow.ops")
+
+
+class ConsumerState(enum.Enum):
+    """Where the consumer is in its life."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    WAITING = "waiting"
+    """A retriable failure (store or broker): consumption paused, retrying with backoff."""
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+_LIVE: Final = frozenset(
+    {ConsumerState.STARTING, ConsumerState.RUNNING, ConsumerState.WAITING, ConsumerState.STOPPING}
+)
+_STANDARD_ATTRS: Final = frozenset(
+    logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys() | {"message", "asctime"}
+)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message and any ``extra`` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD_ATTRS and not key.startswith("_"):
+                doc[key] = value
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """Send every log record to stderr as JSON (``fmt="json"``) or plain text."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # aiokafka logs every failed reconnect at ERROR; the consumer reports outages itself
+    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, root.level))
+
+
+class Metrics:
+    """The consumer's Prometheus metrics, in a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.events = Counter("limitflow_events", "Input records consumed", registry=r)
+        self.verdicts = Counter(
+            "limitflow_verdicts",
+            "Verdicts published, by decision and reason (duplicates repeat the original's)",
+            ["decision", "reason", "duplicate"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "limitflow_dead_letters", "Dead letters published, by error", ["error"], registry=r
+        )
+        self.batch_size = Histogram(
+            "limitflow_batch_size",
+            "Records per batch",
+            buckets=(1, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10000),
+            registry=r,
+        )
+        self.decision_seconds = Histogram(
+            "limitflow_decision_seconds",
+            "Time to decide and durably store one batch (Engine.process)",
+            registry=r,
+        )
+        self.batch_seconds = Histogram(
+            "limitflow_batch_seconds",
+            "Time from a batch's arrival to its offsets being committed",
+            registry=r,
+        )
+        self.lag = Gauge(
+            "limitflow_consumer_lag",
+            "Records not yet consumed, by input partition (high watermark - position)",
+            ["partition"],
+            registry=r,
+        )
+        self.store_round_trips = Counter(
+            "limitflow_store_round_trips", "Requests sent to the state store", registry=r
+        )
+        self.retries = Counter(
+            "limitflow_retries",
+            "Retriable failures, by stage (decide, publish, commit)",
+            ["stage"],
+            registry=r,
+        )
+        self.commits = Counter(
+            "limitflow_offset_commits",
+            "Offset commits (or transactions) that succeeded",
+            registry=r,
+        )
+        self.state = Gauge(
+            "limitflow_consumer_state", "1 for the consumer's current state", ["state"], registry=r
+        )
+
+    def set_state(self, state: ConsumerState) -> None:
+        for each in ConsumerState:
+            self.state.labels(each.value).set(1 if each is state else 0)
+
+
+class Health:
+    """What the ops endpoint reports; updated by the consumer."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.state = ConsumerState.STARTING
+        self.assigned: frozenset[str] = frozenset()
+        self.waiting_on: str | None = None
+        self.last_batch_at: float | None = None
+        metrics.set_state(self.state)
+
+    def set(self, state: ConsumerState, waiting_on: str | None = None) -> None:
+        self.state = state
+        self.waiting_on = waiting_on
+        self.metrics.set_state(state)
+
+    @property
+    def live(self) -> bool:
+        return self.state in _LIVE
+
+    @property
+    def ready(self) -> bool:
+        return self.state is ConsumerState.RUNNING
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value,
+            "waiting_on": self.waiting_on,
+            "assigned": sorted(self.assigned),
+            "seconds_since_last_batch": None
+            if self.last_batch_at is None
+            else round(time.monotonic() - self.last_batch_at, 3),
+        }
+
+
+class OpsServer:
+    """``/healthz``, ``/readyz`` and ``/metrics`` over HTTP on ``host:port``."""
+
+    def __init__(self, health: Health, host: str, port: int) -> None:
+        self.health = health
+        self.host = host
+        self.port = port
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("ops endpoint listening", extra={"url": f"http://{self.host}:{self.port}/"})
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            method, _, rest = request.decode("latin-1").partition(" ")
+            path = rest.split(" ", 1)[0].split("?", 1)[0]
+            status, ctype, body = self._answer(method, path)
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode("latin-1")
+                + body
+            )
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
+        if method != "GET":
+            return "405 Method Not Allowed", "text/plain", b"GET only\n"
+        if path == "/metrics":
+            return "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.health.metrics.registry)
+        if path in ("/healthz", "/readyz"):
+            ok = self.health.live if path == "/healthz" else self.health.ready
+            body = json.dumps(self.health.describe()).encode() + b"\n"
+            return ("200 OK" if ok else "503 Service Unavailable"), "application/json", body
+        return "404 Not Found", "text/plain", b"try /healthz, /readyz or /metrics\n"

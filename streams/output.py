@@ -1,0 +1,264 @@
+"""Publishing a decided batch and committing its offsets, under either guarantee.
+
+Both strategies keep one invariant: an input offset is committed only after the verdict
+or dead letter of every record before it is delivered (acks=all) and its state change
+is in the store (``Engine.process`` returned). aiokafka errors are translated here into
+``BrokerUnavailable`` (retriable), ``PartitionLost`` or ``BrokerRejected``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
+from aiokafka import errors as kafka_errors
+
+from handlers.decide import OutcomeKind
+from limitflow.errors import BrokerRejected, BrokerUnavailable, PartitionLost
+from limitflow.settings import KafkaSettings
+from schemas.verdicts import dead_letter, verdict_encoder
+from streams.engine import Result
+
+log = logging.getLogger("limitflow.output")
+
+_LOST = (
+    kafka_errors.ProducerFenced,
+    kafka_errors.CommitFailedError,
+    kafka_errors.InvalidProducerEpoch,
+    kafka_errors.IllegalStateError,
+    kafka_errors.IllegalGenerationError,
+    kafka_errors.UnknownMemberIdError,
+    kafka_errors.RebalanceInProgressError,
+)
+_STOP_TIMEOUT = 10.0
+
+
+class Message(NamedTuple):
+    """One record to publish."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+def messages(
+    results: Sequence[Result], settings: KafkaSettings, key_of: Callable[[Result], bytes | None]
+) -> Iterator[Message]:
+    """The verdict or dead letter of each result, in order.
+
+    Verdicts are keyed by ``account_id`` (one account's verdicts share an output
+    partition, in input order); dead letters keep the input record's key. Headers:
+    ``event_id`` when known, and ``source`` = ``topic:partition:offset`` of the input.
+    """
+    for result in results:
+        src = result.record.source
+        headers = [("source", f"{src['topic']}:{src['partition']}:{src['offset']}".encode())]
+        if result.event_id is not None:
+            headers.insert(0, ("event_id", result.event_id.encode()))
+        if result.kind is OutcomeKind.DEAD_LETTER:
+            assert result.error is not None and result.detail is not None
+            letter = dead_letter(
+                result.error, result.detail, result.record.raw, src, result.event_id
+            )
+            headers.append(("error", result.error.value.encode()))
+            yield Message(
+                settings.dead_letter_topic, key_of(result), verdict_encoder.encode(letter), headers
+            )
+        else:
+            assert result.verdict is not None and result.account_id is not None
+            yield Message(
+                settings.output_topic, result.account_id.encode(), result.verdict, headers
+            )
+
+
+def translate(exc: BaseException) -> BaseException:
+    """The limitflow error an aiokafka (or timeout) error stands for."""
+    if isinstance(exc, _LOST):
+        return PartitionLost(f"partition ownership lost: {exc!r}")
+    if isinstance(exc, (TimeoutError, kafka_errors.KafkaTimeoutError)) or (
+        isinstance(exc, kafka_errors.KafkaError) and exc.retriable
+    ):
+        return BrokerUnavailable(f"Kafka unavailable: {exc!r}")
+    if isinstance(exc, kafka_errors.KafkaError):
+        return BrokerRejected(f"Kafka refused: {exc!r}")
+    return exc
+
+
+@contextlib.contextmanager
+def kafka_errors_translated() -> Iterator[None]:
+    """Re-raise aiokafka errors as their limitflow equivalents (``raise … from exc``)."""
+    try:
+        yield
+    except (kafka_errors.KafkaError, TimeoutError) as exc:
+        raise translate(exc) from exc
+
+
+async def _send_all(producer: AIOKafkaProducer, batch: Sequence[Message]) -> None:
+    """Send in order, then wait until every message is acknowledged."""
+    pending: list[asyncio.Future[Any]] = []
+    try:
+        for m in batch:
+            pending.append(await producer.send(m.topic, m.value, key=m.key, headers=m.headers))
+        await asyncio.gather(*pending)
+    except BaseException:
+        for future in pending:  # keep unawaited failures from being logged as lost
+            if future.done() and not future.cancelled():
+                future.exception()
+        raise
+
+
+class Output(abc.ABC):
+    """Delivers one decided batch and commits its offsets, all or (per partition) nothing."""
+
+    async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:  # noqa: B027
+        """Called when partitions are assigned, before their records are fetched."""
+
+    async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:  # noqa: B027
+        """Called after the batch in hand is finished or abandoned, before they move."""
+
+    @abc.abstractmethod
+    async def deliver(
+        self,
+        batch: Mapping[TopicPartition, list[Message]],
+        offsets: Mapping[TopicPartition, int],
+        done: set[TopicPartition],
+    ) -> None:
+        """Publish ``batch`` then commit ``offsets`` (next offset to read, per partition).
+
+        Adds each partition to ``done`` once its offset is committed, so a retry after a
+        partial failure redoes only the rest.
+        """
+
+    async def close(self) -> None:  # noqa: B027
+        """Flush and release the producers."""
+
+
+class AtLeastOnceOutput(Output):
+    """One shared producer (acks=all); offsets committed by the consumer after delivery.
+
+    A crash between delivery and commit publishes the same verdicts again on restart
+    (identical bytes, from the idempotency records); nothing is ever lost.
+    """
+
+    def __init__(self, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer) -> None:
+        self.producer = producer
+        self.consumer = consumer
+
+    async def deliver(
+        self,
+        batch: Mapping[TopicPartition, list[Message]],
+        offsets: Mapping[TopicPartition, int],
+        done: set[TopicPartition],
+    ) -> None:
+        todo = [tp for tp in batch if tp not in done]
+        with kafka_errors_translated():
+            await _send_all(self.producer, [m for tp in todo for m in batch[tp]])
+            await self.consumer.commit({tp: offsets[tp] for tp in todo})
+        done.update(todo)
+
+    async def close(self) -> None:
+        with contextlib.suppress(kafka_errors.KafkaError, TimeoutError):
+            await asyncio.wait_for(self.producer.stop(), _STOP_TIMEOUT)
+
+
+class TransactionalOutput(Output):
+    """A transactional producer per input partition: verdicts and offset in one transaction.
+
+    The ``transactional_id`` is fixed per (group, topic, partition), so the member that
+    takes a partition over fences the previous owner's producer and aborts its open
+    transaction (``InitProducerId``) before reading from the committed offset.
+    """
+
+    def __init__(
+        self,
+        make_producer: Callable[[str], AIOKafkaProducer],
+        consumer: AIOKafkaConsumer,
+        group_id: str,
+    ) -> None:
+        self.make_producer = make_producer
+        self.consumer = consumer
+        self.group_id = group_id
+        self.producers: dict[TopicPartition, AIOKafkaProducer] = {}
+
+    def transactional_id(self, tp: TopicPartition) -> str:
+        return f"limitflow-{self.group_id}-{tp.topic}-{tp.partition}"
+
+    async def _producer(self, tp: TopicPartition) -> AIOKafkaProducer:
+        producer = self.producers.get(tp)
+        if producer is None:
+            producer = self.make_producer(self.transactional_id(tp))
+            try:
+                await producer.start()
+            except BaseException:
+                await _stop_quietly(producer)
+                raise
+            self.producers[tp] = producer
+        return producer
+
+    async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
+        # Fence the previous owners first: their open transactions are aborted and
+        # committing ones completed, so the committed offsets read next are final.
+        with kafka_errors_translated():
+            await asyncio.gather(*(self._producer(tp) for tp in partitions))
+            for tp in partitions:
+                committed = await self.consumer.committed(tp)
+                if committed is not None:
+                    self.consumer.seek(tp, committed)
+
+    async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
+        await asyncio.gather(*(self._discard(tp) for tp in partitions))
+
+    async def _discard(self, tp: TopicPartition) -> None:
+        producer = self.producers.pop(tp, None)
+        if producer is not None:
+            await _stop_quietly(producer)
+
+    async def deliver(
+        self,
+        batch: Mapping[TopicPartition, list[Message]],
+        offsets: Mapping[TopicPartition, int],
+        done: set[TopicPartition],
+    ) -> None:
+        todo = [tp for tp in batch if tp not in done]
+        outcomes = await asyncio.gather(
+            *(self._transact(tp, batch[tp], offsets[tp]) for tp in todo), return_exceptions=True
+        )
+        failures: list[BaseException] = []
+        for tp, outcome in zip(todo, outcomes, strict=True):
+            if outcome is None:
+                done.add(tp)
+            else:
+                failures.append(outcome)
+        # a lost partition outranks a retriable failure: retrying cannot bring it back
+        for failure in failures:
+            if not getattr(failure, "retriable", False):
+                raise failure
+        if failures:
+            raise failures[0]
+
+    async def _transact(self, tp: TopicPartition, batch: list[Message], offset: int) -> None:
+        try:
+            with kafka_errors_translated():
+                producer = await self._producer(tp)
+                await producer.begin_transaction()
+                await _send_all(producer, batch)
+                await producer.send_offsets_to_transaction({tp: offset}, self.group_id)
+                await producer.commit_transaction()
+        except BaseException:
+            # A fresh producer (same transactional_id) aborts whatever this one left open.
+            await self._discard(tp)
+            raise
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self._discard(tp) for tp in list(self.producers)))
+
+
+async def _stop_quietly(producer: AIOKafkaProducer) -> None:
+    with contextlib.suppress(kafka_errors.KafkaError, TimeoutError):
+        await asyncio.wait_for(producer.stop(), _STOP_TIMEOUT)

@@ -1,0 +1,97 @@
+"""Settings: flags over LIMITFLOW_* environment over defaults, validated, frozen."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from limitflow.errors import ConfigError
+from limitflow.settings import Guarantee, env_name, load_run_settings, load_topic_settings
+
+REQUIRED = {
+    "bootstrap_servers": "127.0.0.1:9092",
+    "input_topic": "events",
+    "output_topic": "verdicts",
+    "dead_letter_topic": "dead",
+    "group_id": "limits",
+    "rules": "rules.yaml",
+}
+
+
+def env_of(values: dict[str, str]) -> dict[str, str]:
+    return {env_name(k): v for k, v in values.items()}
+
+
+def test_everything_can_come_from_the_environment() -> None:
+    settings = load_run_settings(
+        {},
+        env_of(
+            {
+                **REQUIRED,
+                "guarantee": "exactly-once",
+                "http_port": "9100",
+                "create_topics": "true",
+                "batch_size": "50",
+            }
+        ),
+    )
+    assert settings.kafka.bootstrap_servers == "127.0.0.1:9092"
+    assert settings.kafka.dead_letter_topic == "dead"
+    assert settings.guarantee is Guarantee.EXACTLY_ONCE
+    assert settings.http_port == 9100
+    assert settings.create_topics is True
+    assert settings.batch_size == 50
+    assert settings.store == "sqlite:///limitflow.db"
+
+
+def test_flags_override_the_environment() -> None:
+    settings = load_run_settings(
+        {"group_id": "from-flag", "batch_size": 7, "create_topics": False, "http_port": None},
+        env_of({**REQUIRED, "batch_size": "50", "create_topics": "1", "http_port": "9"}),
+    )
+    assert settings.group_id == "from-flag"
+    assert settings.batch_size == 7
+    assert settings.create_topics is False
+    assert settings.http_port == 9  # None means "flag not given"
+
+
+def test_missing_settings_name_flag_and_variable() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_run_settings({"bootstrap_servers": "h:1"}, {})
+    message = str(caught.value)
+    assert "--input-topic (LIMITFLOW_INPUT_TOPIC)" in message
+    assert "--group-id (LIMITFLOW_GROUP_ID)" in message
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("guarantee", "twice"),
+        ("batch_size", "0"),
+        ("batch_size", "many"),
+        ("http_port", "70000"),
+        ("create_topics", "perhaps"),
+        ("bootstrap_servers", "no-port"),
+        ("output_topic", "events"),
+        ("log_format", "xml"),
+    ],
+)
+def test_bad_values_are_config_errors(name: str, value: str) -> None:
+    with pytest.raises(ConfigError):
+        load_run_settings({}, env_of({**REQUIRED, name: value}))
+
+
+def test_settings_are_frozen() -> None:
+    settings = load_run_settings({}, env_of(REQUIRED))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.group_id = "other"  # type: ignore[misc]
+
+
+def test_topic_settings() -> None:
+    topics = load_topic_settings({"partitions": 3}, env_of(REQUIRED))
+    assert topics.partitions == 3
+    assert topics.replication_factor == 1
+    assert topics.kafka.input_topic == "events"
+    with pytest.raises(ConfigError):
+        load_topic_settings({"partitions": 0}, env_of(REQUIRED))
