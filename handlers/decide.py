@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, NamedTuple
 
 from handlers.periods import PERIOD_SPAN, clock_for
-from handlers.state import EventRecord, Keys, WorkingState
+from handlers.state import Bucket, EventRecord, Keys, WorkingState
 from schemas.amounts import AmountError, format_minor, to_minor
 from schemas.currencies import MINOR_UNITS
 from schemas.events import DeadLetterError, Event, EventRejected, EventType
@@ -227,11 +227,13 @@ class Decider:
         assert amount is not None
         violations: list[Violation] = []
         seen: list[tuple[int, int]] = []  # (count, used) of each applied rule before this event
+        found: list[Bucket | None] = []
         buckets = state.snapshot.buckets
         for a in applied:
             c = a.rule
             if a.key is None:  # transaction window: the event alone against the limit
                 seen.append((0, 0))
+                found.append(None)
                 if c.max_amount is not None and amount > c.max_amount:
                     violations.append(
                         Violation(
@@ -246,6 +248,7 @@ class Decider:
             bucket = buckets.get(a.key)
             count, used = (bucket.count, bucket.amount) if bucket is not None else (0, 0)
             seen.append((count, used))
+            found.append(bucket)
             if c.max_count is not None and count >= c.max_count:
                 violations.append(
                     Violation(
@@ -266,13 +269,23 @@ class Decider:
         keys: tuple[str, ...] = ()
         limits: list[LimitState] = []
         if accepted:
-            for a, (count, used) in zip(applied, seen, strict=True):
-                if a.key is not None:
-                    bucket = state.bucket_for_update(a.key, a.period_end)
-                    bucket.count = count = count + 1
-                    bucket.amount = used = used + amount
-                else:
+            dirty = state.dirty_buckets
+            for a, (count, used), bucket in zip(applied, seen, found, strict=True):
+                key = a.key
+                if key is None:
                     count, used = 1, amount
+                else:  # the same work as state.bucket_for_update, without a call per rule
+                    count += 1
+                    used += amount
+                    if bucket is None:
+                        buckets[key] = Bucket(count, used, 0, a.period_end)
+                    else:
+                        bucket.count = count
+                        bucket.amount = used
+                        end = a.period_end
+                        if end is not None and (bucket.period_end or 0) < end:
+                            bucket.period_end = end
+                    dirty.add(key)
                 limits.append(_limit_state(a, count, used))
             keys = tuple(a.key for a in applied if a.key is not None)
             decision, reason = Decision.ACCEPT, None

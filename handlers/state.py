@@ -136,11 +136,12 @@ class Writes:
 class WorkingState:
     """A batch's view of the store: the snapshot plus the changes not committed yet."""
 
-    __slots__ = ("_dirty_accounts", "_dirty_buckets", "_dirty_events", "snapshot")
+    __slots__ = ("_dirty_accounts", "_dirty_events", "dirty_buckets", "snapshot")
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-        self._dirty_buckets: set[str] = set()
+        self.dirty_buckets: set[str] = set()
+        """Keys of buckets changed since the last ``take_writes`` (the core adds to it)."""
         self._dirty_accounts: set[str] = set()
         self._dirty_events: set[str] = set()
 
@@ -156,7 +157,7 @@ class WorkingState:
             found = buckets[key] = Bucket(period_end=period_end)
         elif period_end is not None and (found.period_end or 0) < period_end:
             found.period_end = period_end
-        self._dirty_buckets.add(key)
+        self.dirty_buckets.add(key)
         return found
 
     def account_for_update(self, account_id: str) -> Account:
@@ -185,7 +186,7 @@ class WorkingState:
     @property
     def pending(self) -> int:
         """Number of records changed since the last ``take_writes``."""
-        return len(self._dirty_buckets) + len(self._dirty_accounts) + len(self._dirty_events)
+        return len(self.dirty_buckets) + len(self._dirty_accounts) + len(self._dirty_events)
 
     def take_writes(self) -> Writes:
         """Every changed record with its version advanced by one.
@@ -195,7 +196,7 @@ class WorkingState:
         """
         writes = Writes()
         snapshot = self.snapshot
-        for key in self._dirty_buckets:
+        for key in self.dirty_buckets:
             bucket = snapshot.buckets[key]
             bucket.version += 1
             writes.buckets[key] = bucket
@@ -207,7 +208,7 @@ class WorkingState:
             record = snapshot.events[key]
             record.version += 1
             writes.events[key] = record
-        self._dirty_buckets.clear()
+        self.dirty_buckets.clear()
         self._dirty_accounts.clear()
         self._dirty_events.clear()
         return writes
