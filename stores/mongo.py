@@ -16,7 +16,9 @@ expired records; it is absent for records that never expire. The TTL monitor run
 
 from __future__ import annotations
 
+import contextlib
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +35,7 @@ from pymongo.errors import (
     ConnectionFailure,
     DuplicateKeyError,
     ExecutionTimeout,
+    InvalidOperation,
     OperationFailure,
     PyMongoError,
     WTimeoutError,
@@ -121,10 +124,14 @@ class MongoStore(Store):
         """
         driver_url, database = split_url(url)
         try:
-            client: AsyncMongoClient[Document] = AsyncMongoClient(
-                driver_url, tz_aware=True, tzinfo=UTC, appname="limitflow", connect=False
-            )
-        except ConfigurationError as exc:
+            # PyMongo only warns about an unknown or invalid URI option, then ignores
+            # it: a misspelt ``w=majorty`` must not silently weaken durability.
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                client: AsyncMongoClient[Document] = AsyncMongoClient(
+                    driver_url, tz_aware=True, tzinfo=UTC, appname="limitflow", connect=False
+                )
+        except (ConfigurationError, UserWarning) as exc:
             raise ConfigError(f"{_redact(url)}: {exc}") from exc
         except PyMongoError as exc:
             raise _translate(exc) from exc
@@ -180,10 +187,14 @@ class MongoStore(Store):
                     write_concern=WriteConcern("majority"),
                 )
                 # leaving the session's block aborts an uncommitted transaction
-                for name, ops in plan:
-                    if ops:
-                        await self._apply(name, ops, session)
-                await self._commit(session)
+                try:
+                    for name, ops in plan:
+                        if ops:
+                            await self._apply(name, ops, session)
+                    await self._commit(session)
+                except PyMongoError:
+                    _discard_server_session(session)
+                    raise
         except StoreError:
             raise
         except PyMongoError as exc:
@@ -259,6 +270,19 @@ class MongoStore(Store):
     async def close(self) -> None:
         if self._owns_client:
             await self.client.close()
+
+
+def _discard_server_session(session: AsyncClientSession) -> None:
+    """Never reuse the server session (lsid) of a transaction that failed.
+
+    After a failed ``commitTransaction`` the driver may not send ``abortTransaction``,
+    so the server alone decides what becomes of that transaction. mongoeco keeps it
+    open: later commands on the same lsid, even plain reads, then see its uncommitted
+    writes, and its later transactions reuse a stale snapshot. PyMongo discards a
+    session the same way after a network error; a fresh lsid costs nothing.
+    """
+    with contextlib.suppress(InvalidOperation):
+        session._server_session.mark_dirty()
 
 
 # -- URLs ------------------------------------------------------------------------------
