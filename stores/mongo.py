@@ -1,0 +1,456 @@
+"""MongoDB state store: three collections, one multi-document transaction per commit.
+
+Documents are keyed by ``_id`` in ``buckets``, ``accounts`` and ``events``. A commit runs
+one ``bulk_write`` per collection inside a transaction: a record with new version 1 is
+an insert (a duplicate key means another writer created it first), any later version a
+``ReplaceOne`` filtered on ``{_id, version: v - 1}`` whose matched count must equal the
+number of operations. Any miss aborts the whole transaction, so a batch is stored all
+together or not at all, and a writer that decided on stale state never overwrites newer
+state. Unlike a per-counter ``find_one_and_update``, no limit is checked or applied on
+its own: every bucket, the account sequence and the idempotency record move together.
+
+``expires_at`` is a BSON date so that a TTL index (``expireAfterSeconds=0``) deletes
+expired records; it is absent for records that never expire. The TTL monitor runs late
+(about once a minute), so ``Store.load`` also treats expired records as empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+
+from bson import Binary
+from pymongo import AsyncMongoClient, InsertOne, ReplaceOne
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import (
+    BulkWriteError,
+    ConfigurationError,
+    ConnectionFailure,
+    DuplicateKeyError,
+    ExecutionTimeout,
+    InvalidOperation,
+    OperationFailure,
+    PyMongoError,
+    WTimeoutError,
+)
+from pymongo.read_concern import ReadConcern
+from pymongo.read_preferences import ReadPreference
+from pymongo.write_concern import WriteConcern
+
+from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
+from limitflow.errors import (
+    ConfigError,
+    ConflictError,
+    StoreError,
+    StoreNotInitialized,
+    StoreRejected,
+    StoreUnavailable,
+)
+from schemas.events import EventType
+from stores.base import Retention, Store
+
+Document = dict[str, Any]
+
+DEFAULT_DATABASE = "limitflow"
+BUCKETS, ACCOUNTS, EVENTS = "buckets", "accounts", "events"
+EXPIRING = (BUCKETS, EVENTS)
+"""Collections with a TTL index on ``expires_at`` (account sequences never expire)."""
+TTL_INDEX = "expires_at_ttl"
+
+LIMITFLOW_PARAMS = frozenset({"bucket_retention_days", "event_retention_days"})
+"""Query parameters of a store URL that are limitflow's, never the driver's."""
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+READ_CHUNK = 1_000
+"""Ids per ``find``: keeps each query far below the 16 MiB command limit."""
+COMMIT_ATTEMPTS = 3
+"""Tries of ``commitTransaction`` whose outcome is unknown (it is safe to repeat)."""
+
+# Server error codes that mean "another transaction got there first": retry from a
+# fresh read. WriteConflict, LockTimeout, NoSuchTransaction (aborted under us),
+# TransactionCoordinatorSteppingDown / ...ReachedAbortDecision, TransactionTooOld.
+_CONFLICT_CODES = frozenset({112, 24, 251, 244, 282, 225})
+_DUPLICATE_KEY = 11000
+_NOT_INITIALIZED_CODES = frozenset({26})  # NamespaceNotFound
+_UNAVAILABLE_CODES = frozenset(
+    {6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 50, 202}
+)
+"""HostUnreachable, HostNotFound, NetworkTimeout, ShutdownInProgress, PrimarySteppedDown,
+ExceededTimeLimit, SocketException, NotWritablePrimary, InterruptedAtShutdown,
+InterruptedDueToReplStateChange, NotPrimaryNoSecondaryOk, NotPrimaryOrSecondary,
+MaxTimeMSExpired, NetworkInterfaceExceededTimeLimit."""
+
+
+class MongoStore(Store):
+    """State in a MongoDB database (a replica set or sharded cluster: transactions)."""
+
+    max_records_per_commit: int | None = 2_000
+    """A smaller transaction holds its write locks for less time and loses less work
+    to a conflict on a shared bucket; the engine splits larger batches into units."""
+
+    def __init__(
+        self,
+        client: AsyncMongoClient[Document],
+        database: str = DEFAULT_DATABASE,
+        retention: Retention | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        owns_client: bool = False,
+    ) -> None:
+        super().__init__(retention, clock=clock)
+        self.client = client
+        self.database_name = database
+        self._db: AsyncDatabase[Document] = client.get_database(
+            database,
+            read_preference=ReadPreference.PRIMARY,
+            write_concern=WriteConcern("majority"),
+        )
+        self._owns_client = owns_client
+
+    @classmethod
+    def from_url(cls, url: str, retention: Retention | None = None) -> MongoStore:
+        """A store for ``mongodb://HOST[:PORT][,…]/[DBNAME][?options]`` (or ``mongodb+srv``).
+
+        The database is the URL's path (default ``limitflow``); limitflow's own query
+        parameters are removed before the rest of the URL goes to the driver. No server
+        is contacted here.
+        """
+        driver_url, database = split_url(url)
+        try:
+            # PyMongo only warns about an unknown or invalid URI option, then ignores
+            # it: a misspelt ``w=majorty`` must not silently weaken durability.
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                client: AsyncMongoClient[Document] = AsyncMongoClient(
+                    driver_url, tz_aware=True, tzinfo=UTC, appname="limitflow", connect=False
+                )
+        except (ConfigurationError, UserWarning) as exc:
+            raise ConfigError(f"{_redact(url)}: {exc}") from exc
+        except PyMongoError as exc:
+            raise _translate(exc) from exc
+        return cls(client, database, retention, owns_client=True)
+
+    def _collection(self, name: str) -> AsyncCollection[Document]:
+        return self._db[name]
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def _read(self, keys: Keys) -> Snapshot:
+        snapshot = Snapshot()
+        try:
+            for doc in await self._find(BUCKETS, keys.buckets):
+                snapshot.buckets[doc["_id"]] = _bucket(doc)
+            for doc in await self._find(ACCOUNTS, keys.accounts):
+                snapshot.accounts[doc["_id"]] = Account(
+                    seq=int(doc["seq"]), version=int(doc["version"])
+                )
+            for doc in await self._find(EVENTS, keys.events):
+                snapshot.events[doc["_id"]] = _event(doc)
+        except PyMongoError as exc:
+            raise _translate(exc) from exc
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreRejected(f"MongoDB: malformed limitflow document: {exc!r}") from exc
+        return snapshot
+
+    async def _find(self, name: str, ids: Iterable[str]) -> list[Document]:
+        """Documents with ``_id`` in ``ids``: one request per chunk (no getMore)."""
+        found: list[Document] = []
+        collection = self._collection(name)
+        for chunk in _chunks(sorted(ids)):
+            self.round_trips += 1
+            cursor = collection.find({"_id": {"$in": chunk}}, batch_size=len(chunk))
+            found.extend(await cursor.to_list())
+        return found
+
+    # -- writes ------------------------------------------------------------------------
+
+    async def _write(self, writes: Writes) -> None:
+        plan = (
+            (BUCKETS, [_ops(key, _bucket_doc(b), b.version) for key, b in writes.buckets.items()]),
+            (
+                ACCOUNTS,
+                [_ops(key, _account_doc(a), a.version) for key, a in writes.accounts.items()],
+            ),
+            (EVENTS, [_ops(key, _event_doc(r), r.version) for key, r in writes.events.items()]),
+        )
+        try:
+            async with self.client.start_session(causal_consistency=False) as session:
+                await session.start_transaction(
+                    read_concern=ReadConcern("snapshot"),
+                    write_concern=WriteConcern("majority"),
+                )
+                # leaving the session's block aborts an uncommitted transaction
+                try:
+                    for name, ops in plan:
+                        if ops:
+                            await self._apply(name, ops, session)
+                    await self._commit(session)
+                except PyMongoError:
+                    _discard_server_session(session)
+                    raise
+        except StoreError:
+            raise
+        except PyMongoError as exc:
+            raise _translate(exc) from exc
+
+    async def _apply(
+        self,
+        name: str,
+        ops: Sequence[InsertOne[Document] | ReplaceOne[Document]],
+        session: AsyncClientSession,
+    ) -> None:
+        self.round_trips += 1
+        result = await self._collection(name).bulk_write(list(ops), ordered=True, session=session)
+        inserts = sum(isinstance(op, InsertOne) for op in ops)
+        if result.inserted_count != inserts or result.matched_count != len(ops) - inserts:
+            raise ConflictError(f"a record in {name} changed since it was read")
+
+    async def _commit(self, session: AsyncClientSession) -> None:
+        """Commit; an unknown outcome is retried (commitTransaction is idempotent)."""
+        for attempt in range(COMMIT_ATTEMPTS):
+            self.round_trips += 1
+            try:
+                await session.commit_transaction()
+                return
+            except PyMongoError as exc:
+                if (
+                    exc.has_error_label("UnknownTransactionCommitResult")
+                    and attempt < COMMIT_ATTEMPTS - 1
+                ):
+                    continue
+                raise
+
+    # -- schema ------------------------------------------------------------------------
+
+    async def _create(self) -> None:
+        try:
+            existing = set(await self._db.list_collection_names())
+            for name in (BUCKETS, ACCOUNTS, EVENTS):
+                if name not in existing:
+                    try:
+                        await self._db.create_collection(name)
+                    except OperationFailure as exc:
+                        if exc.code != 48:  # NamespaceExists: another init won the race
+                            raise
+            for name in EXPIRING:
+                await self._collection(name).create_index(
+                    "expires_at", name=TTL_INDEX, expireAfterSeconds=0
+                )
+        except PyMongoError as exc:
+            raise _translate(exc) from exc
+
+    async def _verify(self) -> None:
+        hint = "run `limitflow store init`"
+        try:
+            names = set(await self._db.list_collection_names())
+            missing = sorted({BUCKETS, ACCOUNTS, EVENTS} - names)
+            if missing:
+                raise StoreNotInitialized(
+                    f"MongoDB database {self.database_name!r} has no collection "
+                    f"{', '.join(missing)}: {hint}"
+                )
+            for name in EXPIRING:
+                indexes = await self._collection(name).index_information()
+                ttl = indexes.get(TTL_INDEX)
+                if ttl is None or ttl.get("expireAfterSeconds") is None:
+                    raise StoreNotInitialized(
+                        f"MongoDB collection {self.database_name}.{name} has no TTL index "
+                        f"on expires_at: {hint}"
+                    )
+        except PyMongoError as exc:
+            raise _translate(exc) from exc
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self.client.close()
+
+
+def _discard_server_session(session: AsyncClientSession) -> None:
+    """Never reuse the server session (lsid) of a transaction that failed.
+
+    After a failed ``commitTransaction`` the driver may not send ``abortTransaction``,
+    so the server alone decides what becomes of that transaction. mongoeco keeps it
+    open: later commands on the same lsid, even plain reads, then see its uncommitted
+    writes, and its later transactions reuse a stale snapshot. PyMongo discards a
+    session the same way after a network error; a fresh lsid costs nothing.
+    """
+    with contextlib.suppress(InvalidOperation):
+        session._server_session.mark_dirty()
+
+
+# -- URLs ------------------------------------------------------------------------------
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """The driver's URL (limitflow's parameters removed) and the database name."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("mongodb", "mongodb+srv") or not parts.netloc:
+        raise ConfigError(f"{_redact(url)}: expected mongodb://HOST[:PORT]/[DBNAME][?options]")
+    database = unquote(parts.path.lstrip("/")) or DEFAULT_DATABASE
+    if "/" in database or any(c in database for c in ' ."$\\\0'):
+        raise ConfigError(f"{_redact(url)}: {database!r} is not a MongoDB database name")
+    query = [
+        (name, value)
+        for name, value in parse_qsl(parts.query, keep_blank_values=True)
+        if name not in LIMITFLOW_PARAMS
+    ]
+    driver_url = urlunsplit((parts.scheme, parts.netloc, f"/{database}", urlencode(query), ""))
+    return driver_url, database
+
+
+def _redact(url: str) -> str:
+    """``url`` without its password, for messages."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    credentials, _, hosts = parts.netloc.rpartition("@")
+    user = credentials.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
+
+
+# -- documents <-> records --------------------------------------------------------------
+
+
+def _ops(key: str, doc: Document, version: int) -> InsertOne[Document] | ReplaceOne[Document]:
+    if version < 1:
+        raise StoreRejected(f"{key!r}: version {version} cannot be written")
+    doc["_id"] = key
+    doc["version"] = version
+    if version == 1:
+        return InsertOne(doc)
+    return ReplaceOne({"_id": key, "version": version - 1}, doc)
+
+
+def _int64(value: int, what: str) -> int:
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise StoreRejected(f"{what} {value} does not fit MongoDB's 64-bit integers")
+    return value
+
+
+def _date(epoch_seconds: int) -> datetime:
+    return datetime.fromtimestamp(epoch_seconds, UTC)
+
+
+def _epoch(value: datetime) -> int:
+    if value.tzinfo is None:  # a client built without tz_aware=True: BSON dates are UTC
+        value = value.replace(tzinfo=UTC)
+    return int(value.timestamp())
+
+
+def _bucket_doc(bucket: Bucket) -> Document:
+    doc: Document = {
+        "count": _int64(bucket.count, "bucket count"),
+        "amount": _int64(bucket.amount, "bucket amount"),
+    }
+    if bucket.period_end is not None:
+        doc["period_end"] = bucket.period_end
+    if bucket.expires_at is not None:
+        doc["expires_at"] = _date(bucket.expires_at)
+    return doc
+
+
+def _bucket(doc: Mapping[str, Any]) -> Bucket:
+    period_end = doc.get("period_end")
+    expires_at = doc.get("expires_at")
+    return Bucket(
+        count=int(doc["count"]),
+        amount=int(doc["amount"]),
+        version=int(doc["version"]),
+        period_end=None if period_end is None else int(period_end),
+        expires_at=None if expires_at is None else _epoch(expires_at),
+    )
+
+
+def _account_doc(account: Account) -> Document:
+    return {"seq": _int64(account.seq, "account sequence")}
+
+
+def _event_doc(record: EventRecord) -> Document:
+    doc: Document = {
+        "fingerprint": record.fingerprint,
+        "account_id": record.account_id,
+        "type": record.type.value,
+        "accepted": record.accepted,
+        "seq": _int64(record.seq, "event sequence"),
+        "verdict": Binary(record.verdict),
+        "amount": _int64(record.amount, "event amount"),
+        "currency": record.currency,
+        "reversed": _int64(record.reversed, "reversed amount"),
+        "buckets": list(record.buckets),
+        "occurred": _int64(record.occurred, "event time"),
+    }
+    if record.expires_at is not None:
+        doc["expires_at"] = _date(record.expires_at)
+    return doc
+
+
+def _event(doc: Mapping[str, Any]) -> EventRecord:
+    expires_at = doc.get("expires_at")
+    return EventRecord(
+        fingerprint=doc["fingerprint"],
+        account_id=doc["account_id"],
+        type=EventType(doc["type"]),
+        accepted=bool(doc["accepted"]),
+        seq=int(doc["seq"]),
+        verdict=bytes(doc["verdict"]),
+        amount=int(doc["amount"]),
+        currency=doc.get("currency"),
+        reversed=int(doc["reversed"]),
+        buckets=tuple(doc["buckets"]),
+        occurred=int(doc["occurred"]),
+        version=int(doc["version"]),
+        expires_at=None if expires_at is None else _epoch(expires_at),
+    )
+
+
+def _chunks(ids: Sequence[str]) -> Iterator[list[str]]:
+    for start in range(0, len(ids), READ_CHUNK):
+        yield list(ids[start : start + READ_CHUNK])
+
+
+# -- errors ----------------------------------------------------------------------------
+
+
+def _translate(exc: PyMongoError) -> StoreError:
+    """The limitflow error for a driver error; the caller raises it ``from exc``."""
+    if isinstance(exc, ConnectionFailure | ExecutionTimeout | WTimeoutError):
+        # ServerSelectionTimeoutError, AutoReconnect, NetworkTimeout, NotPrimaryError
+        return StoreUnavailable(f"MongoDB unavailable: {exc}")
+    if isinstance(exc, DuplicateKeyError):
+        return ConflictError("a record was created since it was read")
+    if isinstance(exc, BulkWriteError):
+        errors = exc.details.get("writeErrors", [])
+        codes = {error.get("code") for error in errors}
+        if codes and codes <= {_DUPLICATE_KEY}:
+            return ConflictError("a record was created since it was read")
+        if codes & _CONFLICT_CODES or exc.has_error_label("TransientTransactionError"):
+            return ConflictError(f"MongoDB write conflict: {exc}")
+        if exc.details.get("writeConcernErrors"):
+            return StoreUnavailable(f"MongoDB write concern failed: {exc}")
+        return StoreRejected(f"MongoDB refused the write: {errors[:1]}")
+    if exc.has_error_label("TransientTransactionError"):
+        return ConflictError(f"MongoDB transaction aborted, retry: {exc}")
+    if isinstance(exc, OperationFailure):
+        if exc.code in _CONFLICT_CODES or (exc.code is None and _is_conflict_text(exc)):
+            return ConflictError(f"MongoDB write conflict: {exc}")
+        if exc.code in _NOT_INITIALIZED_CODES:
+            return StoreNotInitialized(f"MongoDB: {exc}: run `limitflow store init`")
+        if exc.code in _UNAVAILABLE_CODES or exc.has_error_label("UnknownTransactionCommitResult"):
+            return StoreUnavailable(f"MongoDB unavailable: {exc}")
+        return StoreRejected(f"MongoDB refused the request: {exc}")
+    if exc.has_error_label("UnknownTransactionCommitResult"):
+        return StoreUnavailable(f"MongoDB commit outcome unknown: {exc}")
+    return StoreRejected(f"MongoDB: {exc}")
+
+
+def _is_conflict_text(exc: OperationFailure) -> bool:
+    # Servers that speak the wire protocol without error codes (mongoeco) report a
+    # commit-time conflict only as text; real MongoDB sends code 112 and a label.
+    return "write conflict" in str(exc).lower()
