@@ -115,7 +115,12 @@ class MongoStore(Store):
         self._owns_client = owns_client
 
     @classmethod
-    def from_url(cls, url: str, retention: Retention | None = None) -> MongoStore:
+    def from_url(
+        cls,
+        url: str,
+        retention: Retention | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> MongoStore:
         """A store for ``mongodb://HOST[:PORT][,…]/[DBNAME][?options]`` (or ``mongodb+srv``).
 
         The database is the URL's path (default ``limitflow``); limitflow's own query
@@ -135,7 +140,7 @@ class MongoStore(Store):
             raise ConfigError(f"{_redact(url)}: {exc}") from exc
         except PyMongoError as exc:
             raise _translate(exc) from exc
-        return cls(client, database, retention, owns_client=True)
+        return cls(client, database, retention, clock=clock, owns_client=True)
 
     def _collection(self, name: str) -> AsyncCollection[Document]:
         return self._db[name]
