@@ -378,7 +378,9 @@ class Decider:
                 bucket.amount = max(bucket.amount - amount, 0)
                 if fully:
                     bucket.count = max(bucket.count - 1, 0)
-                limits.append(self._released_state(key, bucket.count, bucket.amount))
+                released = self._released_state(key, bucket.count, bucket.amount)
+                if released is not None:
+                    limits.append(released)
         if amount is None and event.amount is not None:
             amount = event.amount
         accepted = reason is None
@@ -418,25 +420,14 @@ class Decider:
         )
         return Outcome(OutcomeKind.VERDICT, encoded, decision, reason)
 
-    def _released_state(self, key: str, count: int, used: int) -> LimitState:
+    def _released_state(self, key: str, count: int, used: int) -> LimitState | None:
+        """A released bucket's state; None when its rule was removed since the payment
+        (the bucket is still released, there is just no limit left to explain)."""
         rule_id, period = split_bucket_key(key)
         c = self._by_id.get(rule_id)
-        exp = c.amount_exp if c is not None else None
-        max_count = c.max_count if c is not None else None
-        max_amount = c.max_amount if c is not None else None
-        return LimitState(
-            rule_id,
-            c.window if c is not None else Window.LIFETIME,
-            period,
-            count,
-            max_count,
-            None if max_count is None else max(max_count - count, 0),
-            None if exp is None else format_minor(used, exp),
-            None if max_amount is None or exp is None else format_minor(max_amount, exp),
-            None
-            if max_amount is None or exp is None
-            else format_minor(max(max_amount - used, 0), exp),
-        )
+        if c is None:
+            return None
+        return _limit_state(_new_tuple(Applied, (c, period, key, None)), count, used)
 
 
 def _limit_state(a: Applied, count: int, used: int) -> LimitState:

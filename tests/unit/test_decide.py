@@ -234,3 +234,16 @@ def test_reversal_amount_without_currency_uses_the_original_minor_unit() -> None
 def test_non_scalar_scope_value_is_dead_lettered_not_skipped() -> None:
     (verdict,) = run(pay("p1", "1.00", merchant_id={"id": 1}))
     assert verdict == ("dead", "invalid_event")
+
+
+def test_reversal_after_a_rule_was_removed_still_releases_its_bucket() -> None:
+    store = MemoryStore()
+    run(pay("p1", "60.00", merchant_id="m1"), store=store)
+    without_merchant_rule = "\n".join(
+        line for line in RULES.splitlines() if "id: merchant" not in line and "hour" not in line
+    )
+    (reversal,) = run(reverse("r1", "p1"), rules=without_merchant_rule, store=store)
+    assert reversal["decision"] == "accept"
+    assert [x["rule_id"] for x in reversal["limits"]] == ["day"]
+    released = store.buckets["merchant|2026-03-14T02|m1"]
+    assert (released.count, released.amount) == (0, 0)
