@@ -163,13 +163,15 @@ def _consumer(settings: RunSettings) -> AIOKafkaConsumer:
 def _producer(kafka: KafkaSettings, transactional_id: str | None = None) -> AIOKafkaProducer:
     from aiokafka import AIOKafkaProducer
 
-    # Plain producer: acks=all and one in-flight batch per partition keep order without
-    # idempotence, which some Kafka-protocol brokers (tansu) do not implement.
+    # Plain producer (acks=all) unless transactional: idempotence needs producer ids, which
+    # some Kafka-protocol brokers (tansu) do not implement. Order is kept by streams.output
+    # sending whole record batches, one in flight per partition (so no lingering either).
     return AIOKafkaProducer(
         bootstrap_servers=kafka.bootstrap_servers,
         client_id=kafka.client_id,
         acks="all",
-        linger_ms=5,
+        linger_ms=0,
+        max_batch_size=256 * 1024,
         request_timeout_ms=kafka.request_timeout_ms,
         transactional_id=transactional_id,
         enable_idempotence=transactional_id is not None,

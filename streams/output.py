@@ -13,10 +13,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
 from aiokafka import errors as kafka_errors
+from aiokafka.partitioner import DefaultPartitioner  # type: ignore[import-untyped]
 
 from handlers.decide import OutcomeKind
 from limitflow.errors import BrokerRejected, BrokerUnavailable, PartitionLost
@@ -36,6 +37,8 @@ _LOST = (
     kafka_errors.RebalanceInProgressError,
 )
 _STOP_TIMEOUT = 10.0
+# the producer's own default: murmur2 of the key like Java clients, random without a key
+_partitioner = DefaultPartitioner()
 
 
 class Message(NamedTuple):
@@ -100,17 +103,49 @@ def kafka_errors_translated() -> Iterator[None]:
 
 
 async def _send_all(producer: AIOKafkaProducer, batch: Sequence[Message]) -> None:
-    """Send in order, then wait until every message is acknowledged."""
-    pending: list[asyncio.Future[Any]] = []
-    try:
-        for m in batch:
-            pending.append(await producer.send(m.topic, m.value, key=m.key, headers=m.headers))
-        await asyncio.gather(*pending)
-    except BaseException:
-        for future in pending:  # keep unawaited failures from being logged as lost
-            if future.done() and not future.cancelled():
-                future.exception()
-        raise
+    """Publish ``batch`` keeping each output partition's order, and wait for every ack.
+
+    aiokafka keeps one record batch in flight per partition, but when one expires (no
+    answer within the request timeout: a hung broker) it fails that batch and sends the
+    next one queued for the partition. A later verdict would then land before an earlier
+    one that the retry sends again. So each partition's messages go out as record batches
+    one after another, the next queued only once the previous is acknowledged, and a
+    failure is raised only after every partition has settled: when the caller retries,
+    nothing of the failed attempt is still queued behind it.
+    """
+    by_partition: dict[tuple[str, int], list[Message]] = {}
+    partitions: dict[str, list[int]] = {}
+    placed: dict[tuple[str, bytes], int] = {}  # one account's verdicts: hash its key once
+    for m in batch:
+        choices = partitions.get(m.topic)
+        if choices is None:
+            choices = partitions[m.topic] = sorted(await producer.partitions_for(m.topic))
+        if m.key is None:
+            partition = _partitioner(None, choices, choices)
+        elif (partition := placed.get((m.topic, m.key), -1)) < 0:
+            partition = placed[m.topic, m.key] = _partitioner(m.key, choices, choices)
+        by_partition.setdefault((m.topic, partition), []).append(m)
+    outcomes = await asyncio.gather(
+        *(_send_in_order(producer, tp, ms) for tp, ms in by_partition.items()),
+        return_exceptions=True,
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
+async def _send_in_order(
+    producer: AIOKafkaProducer, tp: tuple[str, int], batch: Sequence[Message]
+) -> None:
+    topic, partition = tp
+    sent = 0
+    while sent < len(batch):
+        builder = producer.create_batch()
+        for m in batch[sent:]:  # the first always fits: a builder takes one of any size
+            if builder.append(key=m.key, value=m.value, timestamp=None, headers=m.headers) is None:
+                break
+            sent += 1
+        await (await producer.send_batch(builder, topic, partition=partition))
 
 
 class Output(abc.ABC):

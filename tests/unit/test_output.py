@@ -1,0 +1,120 @@
+"""How ``streams.output`` hands verdicts to the producer: per-partition order under failure.
+
+The producer here is a recorder around aiokafka's real ``BatchBuilder``; the broker side
+is covered by tests/integration/test_kafka_run.py. What is checked is the one thing a
+broker test only catches by luck: a partition's next record batch is queued only after
+the previous one is acknowledged, and a failure is raised only once nothing else of the
+attempt is still in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiokafka import errors as kafka_errors
+from aiokafka.producer.message_accumulator import BatchBuilder  # type: ignore[import-untyped]
+
+from streams.output import Message, _send_all
+
+
+class RecordingProducer:
+    """``partitions_for``/``create_batch``/``send_batch``, acknowledged by the test."""
+
+    def __init__(self, partitions: int = 2, batch_bytes: int = 600) -> None:
+        self.partitions = set(range(partitions))
+        self.batch_bytes = batch_bytes
+        self.queued: list[tuple[int, list[bytes], asyncio.Future[None]]] = []
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return self.partitions
+
+    def create_batch(self) -> Any:
+        return BatchBuilder(self.batch_bytes, 0, is_transactional=False)
+
+    async def send_batch(self, builder: Any, topic: str, *, partition: int) -> Any:
+        builder.close()
+        values = [r.value for r in _records(builder)]
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.queued.append((partition, values, future))
+        return future
+
+    def pending(self) -> list[tuple[int, list[bytes], asyncio.Future[None]]]:
+        return [q for q in self.queued if not q[2].done()]
+
+
+def _records(builder: Any) -> list[Any]:
+    from aiokafka.record.default_records import (  # type: ignore[import-untyped]
+        DefaultRecordBatch,
+    )
+
+    return list(DefaultRecordBatch(bytes(builder._builder.build())))
+
+
+def verdicts(key: bytes, count: int) -> list[Message]:
+    return [Message("v", key, b"%s-%03d" % (key, i) + b"." * 100, []) for i in range(count)]
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_next_batch_of_a_partition_waits_for_the_previous_ack() -> None:
+    producer = RecordingProducer()
+    batch = verdicts(b"acct-1", 12)  # ~120 bytes each: several record batches
+    task = asyncio.create_task(_send_all(producer, batch))
+    sent: list[bytes] = []
+    while not task.done():
+        await settle()
+        pending = producer.pending()
+        assert len(pending) <= 1, "two batches of one partition queued at once"
+        if pending:
+            sent += pending[0][1]
+            pending[0][2].set_result(None)
+    await task
+    assert len(producer.queued) > 1
+    assert sent == [m.value for m in batch]
+
+
+async def test_a_failure_is_raised_only_after_every_partition_settles() -> None:
+    producer = RecordingProducer(partitions=8)
+    keys = [b"acct-1", b"acct-2", b"acct-3", b"acct-4"]
+    batch = [m for key in keys for m in verdicts(key, 2)]
+    task = asyncio.create_task(_send_all(producer, batch))
+    await settle()
+    first, *others = producer.pending()
+    assert others, "the keys should spread over partitions"
+    first[2].set_exception(kafka_errors.KafkaTimeoutError())
+    await settle()
+    assert not task.done(), "raised while other batches were still in flight"
+    for _, _, future in others:
+        future.set_result(None)
+    while producer.pending():
+        for _, _, future in producer.pending():
+            future.set_result(None)
+        await settle()
+    with pytest.raises(kafka_errors.KafkaTimeoutError):
+        await task
+    # nothing queued after the failed batch on its partition
+    assert [q for q in producer.queued if q[0] == first[0]][-1] is first
+
+
+async def test_one_key_stays_on_one_partition_in_order() -> None:
+    producer = RecordingProducer(partitions=4, batch_bytes=1 << 20)
+    batch = [m for i in range(3) for key in (b"a", b"b", b"c") for m in verdicts(key, 1)[:1]]
+    batch = [Message("v", m.key, m.value + bytes([i]), []) for i, m in enumerate(batch)]
+    task = asyncio.create_task(_send_all(producer, batch))
+    await settle()
+    for _, _, future in producer.pending():
+        future.set_result(None)
+    await task
+    by_key: dict[bytes, set[int]] = {}
+    for partition, values, _ in producer.queued:
+        for value in values:
+            by_key.setdefault(value[:1], set()).add(partition)
+    assert all(len(parts) == 1 for parts in by_key.values())
+    for partition, values, _ in producer.queued:
+        expected = [m.value for m in batch if by_key[m.value[:1]] == {partition}]
+        assert values == expected
