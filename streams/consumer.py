@@ -147,7 +147,19 @@ class VelocityConsumer:
     async def partitions_assigned(self, assigned: frozenset[TopicPartition]) -> None:
         self.health.assigned = frozenset(_names(assigned))
         if assigned:
-            await self._retrying("assign", lambda: self.output.on_assigned(assigned), pause=False)
+            # aiokafka starts fetching new partitions from their committed offsets as soon
+            # as they are assigned, before this callback ends. Under exactly-once those
+            # offsets may be stale until ``on_assigned`` has fenced the previous owner
+            # (its committing transaction completes); a batch read from them would be
+            # published a second time. So nothing is read until the output has taken the
+            # partitions over and set their positions.
+            self.consumer.pause(*assigned)
+            try:
+                await self._retrying(
+                    "assign", lambda: self.output.on_assigned(assigned), pause=False
+                )
+            finally:
+                self.consumer.resume(*(assigned & self.consumer.assignment()))
         log.info("partitions assigned", extra={"partitions": _names(assigned)})
 
     # -- one batch ----------------------------------------------------------------

@@ -29,6 +29,8 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.protocol.group import LeaveGroupRequest
 
 from tests.servers import kafka_broker
 
@@ -389,6 +391,13 @@ async def check_against_replay(
     verdicts = await read_topic(
         s.bootstrap, verdict_topic, isolation=isolation, until=n_verdicts, timeout=timeout
     )
+    if exactly_once and len(verdicts.by_source) < n_verdicts:
+        # noida defect: a read_committed reader that fetched while a transaction was open
+        # (the killed run's) can take the same producer id's later committed batches for
+        # aborted ones and never return them. A reader started afterwards reads them all.
+        verdicts = await read_topic(
+            s.bootstrap, verdict_topic, isolation=isolation, until=n_verdicts, timeout=timeout
+        )
     dead = await read_topic(
         s.bootstrap, dead_topic, isolation=isolation, until=len(lines) - n_verdicts, timeout=30
     )
@@ -652,6 +661,23 @@ def _pid(handle: Any) -> int:
     return pid
 
 
+async def evict_members(bootstrap: str, group: str) -> None:
+    """Remove every member of ``group`` (LeaveGroup on their behalf), as a session timeout
+    would once they are dead."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_consumer_groups([group])
+        ((error, _, _, _, _, members),) = described.groups
+        assert error == 0, f"DescribeGroups {group}: error {error}"
+        coordinator = admin._client.get_random_node()  # single-node broker
+        for member in members:
+            response = await admin._client.send(coordinator, LeaveGroupRequest(group, member[0]))
+            assert response.error_code == 0, f"LeaveGroup {member[0]}: {response}"
+    finally:
+        await admin.close()
+
+
 @pytest.mark.parametrize("outage", ["frozen", "restarted"])
 async def test_broker_outage_and_return_loses_nothing(
     noida: Any, tmp_path: Path, outage: str
@@ -704,18 +730,19 @@ async def test_exactly_once_survives_kill_9_mid_transaction(noida: Any, tmp_path
             wait_for(lambda b=before: _rows(s.store) > b + 50, 90, "progress")
             proc.kill()
             proc.wait()
-            # noida defect: it never expires the killed member (it stays group leader
-            # and every later SyncGroup fails "group rebalance"), so a restart in the
-            # same group never gets partitions. Restarting the broker (data kept)
-            # clears the membership; the open transaction must still be aborted.
-            # It snapshots about every second and loses acknowledged writes of the last
-            # one on restart, so let it snapshot the quiet state first.
-            time.sleep(2.5)
-            noida.stop()
-            noida.start()
+            # noida defect: it never expires a dead member's session (the member stays
+            # group leader and every later SyncGroup fails "group rebalance"), so a
+            # restart in the same group would never get partitions. Do what Kafka's
+            # session timeout does: remove the dead member. Its open transaction stays
+            # open until the next run's producer (same transactional id) aborts it.
+            await evict_members(s.bootstrap, f"{s.name}-group")
         assert _rows(s.store) < len(lines), "killed too late to be mid-stream"
         proc = s.run("--guarantee", "exactly-once", "--batch-size", "10")
-        await check_against_replay(s, lines, sources, isolation="read_committed", exactly_once=True)
+        # read once the new run has fenced the killed one (see check_against_replay)
+        wait_for(lambda: '"partitions assigned", "partitions": ["' in s.log(2), 60, "takeover")
+        await check_against_replay(
+            s, lines, sources, isolation="read_committed", exactly_once=True, timeout=40
+        )
         assert s.stop(proc) == 0
         uncommitted = await read_topic(s.bootstrap, s.topics[1])
         committed = await read_topic(s.bootstrap, s.topics[1], isolation="read_committed")
