@@ -337,15 +337,14 @@ async def test_expired_records_read_as_empty_and_keep_their_versions(store: Mong
         store.client, store.database_name, Retention(DAY, 2 * DAY), clock=lambda: now + 3 * DAY
     )
     snapshot = await late.load(keys)
-    assert snapshot.buckets["b"] == Bucket(version=1)
-    assert snapshot.events == {} and snapshot.event_versions == {"e": 1}
-    # a new record replaces the expired one under the usual version check
-    await late.commit(
-        Writes(
-            buckets={"b": Bucket(count=1, amount=5, version=2, period_end=int(now + 3 * DAY))},
-            events={"e": record("e", version=2, occurred=int(now + 3 * DAY))},
-        )
-    )
+    assert snapshot.buckets["b"] == Bucket(version=1, expires_at=int(now) + 60 + DAY)
+    assert snapshot.events == {}
+    expired = snapshot.expired_events["e"]
+    assert (expired.version, expired.expires_at) == (1, int(now) + 2 * DAY)
+    # a new record replaces the expired one on condition it is still stored as read
+    bucket = Bucket(1, 5, 2, int(now + 3 * DAY), expires_at=int(now) + 60 + DAY)
+    event = record("e", version=2, occurred=int(now + 3 * DAY), expires_at=expired.expires_at)
+    await late.commit(Writes(buckets={"b": bucket}, events={"e": event}))
     fresh = await late.load(keys)
     assert (fresh.buckets["b"].count, fresh.buckets["b"].version) == (1, 2)
     assert fresh.events["e"].version == 2
