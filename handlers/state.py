@@ -1,8 +1,9 @@
 """The state the decision core reads and writes, and the working copy of one batch.
 
-Every record carries a ``version``: a store commits a write only if the stored version
-is still the one that was read (``version - 1`` of the written record), so a decision
-made on stale state is never committed. Version 0 means "never stored".
+Every record carries a ``version``: a store commits a write only if the stored record
+is still exactly the one that was read (``version - 1`` of the written record and, for
+buckets and event records, the same ``expires_at``), so a decision made on stale state
+is never committed. Version 0 means "never stored".
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ class Bucket:
     period_end: int | None = None
     """Upper bound of the period's end (epoch s), None for lifetime: the base of expiry."""
     expires_at: int | None = None
-    """Epoch s after which the store treats the record as absent (set by the store)."""
+    """Epoch s after which the store treats the record as absent. Until a commit sets the
+    new one, the stored record's as read, even if past: the commit is conditioned on it."""
 
     def copy(self) -> Bucket:
         """An independent copy (cheaper than ``dataclasses.replace``)."""
@@ -64,6 +66,7 @@ class EventRecord:
     """Event time, epoch s: the base of expiry."""
     version: int = 0
     expires_at: int | None = None
+    """As for ``Bucket.expires_at``."""
 
     def copy(self) -> EventRecord:
         """An independent copy (``buckets`` is a tuple, so sharing it is safe)."""
@@ -98,23 +101,26 @@ class Keys:
 
 @dataclass(slots=True)
 class Snapshot:
-    """Records read from a store. A key that is absent was never stored or has expired.
+    """Records read from a store. An event id absent from ``events`` was never stored or
+    has expired; an expired bucket reads as empty, with the ``version`` and ``expires_at``
+    of the stored record.
 
-    ``event_versions`` holds the versions of expired event records, so that a new record
-    for the same id replaces the expired one under the usual version check.
+    ``expired_events`` holds the expired event records, so that a new record for the same
+    id replaces exactly the expired one: its commit is conditioned on that record's
+    version and expiry, which a record created again after TTL deletion never matches.
     """
 
     buckets: dict[str, Bucket] = field(default_factory=dict)
     accounts: dict[str, Account] = field(default_factory=dict)
     events: dict[str, EventRecord] = field(default_factory=dict)
-    event_versions: dict[str, int] = field(default_factory=dict)
+    expired_events: dict[str, EventRecord] = field(default_factory=dict)
 
     def merge(self, other: Snapshot) -> None:
         """Add the records of a later read."""
         self.buckets.update(other.buckets)
         self.accounts.update(other.accounts)
         self.events.update(other.events)
-        self.event_versions.update(other.event_versions)
+        self.expired_events.update(other.expired_events)
 
 
 @dataclass(slots=True)
@@ -122,7 +128,11 @@ class Writes:
     """New versions of records, to be committed all together or not at all.
 
     Each record's ``version`` is the new one; the store requires the stored version to be
-    ``version - 1`` (0: the key must not exist, or hold an expired record of that version).
+    ``version - 1`` (0: the key must not exist) and, for buckets and event records, the
+    stored ``expires_at`` to be the record's as read (``Store.commit`` then sets the new
+    one). Versions restart at 1 when a record is created again after TTL deletion, so
+    the version alone could match a different record than the one read; its expiry
+    cannot (see ``stores.base``).
     """
 
     buckets: dict[str, Bucket] = field(default_factory=dict)
@@ -174,8 +184,12 @@ class WorkingState:
         return self.snapshot.events.get(event_id)
 
     def put_event(self, event_id: str, record: EventRecord) -> None:
-        """Store a new idempotency record (its version follows any expired one)."""
-        record.version = self.snapshot.event_versions.get(event_id, 0)
+        """Store a new idempotency record; it replaces the expired one, if one was read."""
+        expired = self.snapshot.expired_events.get(event_id)
+        if expired is None:
+            record.version, record.expires_at = 0, None
+        else:
+            record.version, record.expires_at = expired.version, expired.expires_at
         self.snapshot.events[event_id] = record
         self._dirty_events.add(event_id)
 

@@ -5,10 +5,26 @@ deletion runs late) and round-trip accounting; a backend implements four primiti
 ``_read``, ``_write``, ``_create`` and ``_verify``.
 
 Contract of ``_write``: every record in ``Writes`` is stored with its new ``version``
-only if the stored version is ``version - 1`` (absent counts as 0), all records or none,
-else ``ConflictError``. That makes a batch all-or-nothing across every bucket, the
-account sequence and the idempotency record, and keeps zombie writers from overwriting
-newer state.
+only if the stored record is exactly the one that was read, all records or none, else
+``ConflictError``. For version 1 that means the key must be absent; for a later version
+the stored version must be ``version - 1`` and, for buckets and event records, the
+stored ``expires_at`` the one in ``Expected`` (None: the stored record has none). That
+makes a batch all-or-nothing across every bucket, the account sequence and the
+idempotency record, and keeps zombie writers from overwriting newer state.
+
+Why ``expires_at`` too: TTL deletion (MongoDB's monitor, DynamoDB's TTL, or a manual
+purge) removes an expired record at any moment, and a record created again after that
+starts over at version 1. A writer that read the old record (expired, or just about to
+expire) expects its version, which the new incarnation reaches again: on the version
+alone, its write would replace the new record, losing the increments stored there or
+deciding an event a second time. Every write sets ``expires_at`` to at least its
+writer's clock plus the retention, and TTL deletes a record only once past its
+``expires_at``: a record created again after a deletion expires later than the deleted
+one, and so later than any record of that key read before the deletion (expiries only
+move forward while a record lives). A write conditioned on the version and expiry read
+therefore never matches a later incarnation, provided writers' clocks differ from each
+other and from the TTL's by less than the retention, and the retention is not
+shortened meanwhile.
 """
 
 from __future__ import annotations
@@ -33,6 +49,17 @@ class Retention:
     """Idempotency records (and so reversibility) last this long past the event time."""
 
 
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """The ``expires_at`` of each bucket and event record of a commit, as it was read.
+
+    ``_write`` conditions every write of version > 1 on it, as well as on the version.
+    """
+
+    buckets: dict[str, int | None]
+    events: dict[str, int | None]
+
+
 class Store(abc.ABC):
     """Versioned records for buckets, account sequences and idempotency records."""
 
@@ -46,25 +73,40 @@ class Store(abc.ABC):
         """Requests sent to the server (reads and commits), for metrics and benchmarks."""
 
     async def load(self, keys: Keys) -> Snapshot:
-        """Read the records of ``keys``; expired ones read as empty (versions kept)."""
+        """Read the records of ``keys``; expired ones read as empty.
+
+        An expired record keeps its ``version`` and ``expires_at``: whatever replaces it
+        is written on condition that it is still stored, unchanged.
+        """
         snapshot = await self._read(keys)
         now = int(self._clock())
         for key, bucket in snapshot.buckets.items():
             if bucket.expires_at is not None and bucket.expires_at <= now:
-                snapshot.buckets[key] = type(bucket)(version=bucket.version)
+                snapshot.buckets[key] = type(bucket)(
+                    version=bucket.version, expires_at=bucket.expires_at
+                )
         expired = [
             key
             for key, record in snapshot.events.items()
             if record.expires_at is not None and record.expires_at <= now
         ]
         for key in expired:
-            snapshot.event_versions[key] = snapshot.events.pop(key).version
+            snapshot.expired_events[key] = snapshot.events.pop(key)
         return snapshot
 
     async def commit(self, writes: Writes) -> None:
-        """Store every record of ``writes`` atomically, or raise ``ConflictError``."""
+        """Store every record of ``writes`` atomically, or raise ``ConflictError``.
+
+        Each record must be the one read (or a record of ``load``'s snapshot changed in
+        place), with its ``version`` advanced by one and its ``expires_at`` as read;
+        this sets the new ``expires_at`` of each.
+        """
         if not writes:
             return
+        expected = Expected(
+            buckets={key: bucket.expires_at for key, bucket in writes.buckets.items()},
+            events={key: record.expires_at for key, record in writes.events.items()},
+        )
         now = int(self._clock())
         for bucket in writes.buckets.values():
             bucket.expires_at = (
@@ -74,7 +116,7 @@ class Store(abc.ABC):
             )
         for record in writes.events.values():
             record.expires_at = max(record.occurred, now) + self.retention.event_seconds
-        await self._write(writes)
+        await self._write(writes, expected)
 
     async def init(self) -> None:
         """Create tables, collections and indexes; safe to run again."""
@@ -92,7 +134,7 @@ class Store(abc.ABC):
         """Fetch the stored records of ``keys`` (absent keys left out), as fresh copies."""
 
     @abc.abstractmethod
-    async def _write(self, writes: Writes) -> None:
+    async def _write(self, writes: Writes, expected: Expected) -> None:
         """Conditional all-or-nothing write; see the module docstring."""
 
     @abc.abstractmethod

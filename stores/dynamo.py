@@ -4,9 +4,11 @@ Every record is one item of the table ``{PREFIX}-state`` keyed by ``pk``: ``b#<b
 ``a#<account id>`` or ``e#<event id>``, so one ``BatchGetItem`` reads all three kinds (see
 docs/dynamodb.md for why one table rather than three). Each item holds its ``version``;
 a commit puts every record with ``version = v`` under the condition that the stored version
-is ``v - 1`` (``attribute_not_exists(pk)`` for ``v = 1``), all in one transaction of at most
-100 items, so a batch is all-or-nothing and a stale (zombie) writer can never overwrite
-newer state. Reads are strongly consistent, or the version checks would be meaningless.
+is ``v - 1`` and, for buckets and event records, the stored ``expires_at`` the one read
+(``attribute_not_exists(pk)`` for ``v = 1``), all in one transaction of at most 100 items,
+so a batch is all-or-nothing and a stale (zombie) writer can never overwrite newer state,
+not even an item that TTL deleted and a writer created again (its versions restart at 1).
+Reads are strongly consistent, or the version checks would be meaningless.
 
 Numbers are stored as DynamoDB ``N`` from Python ints (exact, minor units), verdicts as
 ``B``; ``expires_at`` (epoch s) is the table's TTL attribute. DynamoDB deletes expired
@@ -47,7 +49,7 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from stores.base import Retention, Store
+from stores.base import Expected, Retention, Store
 
 log = logging.getLogger("limitflow.stores.dynamo")
 
@@ -162,13 +164,41 @@ def _add_item(snapshot: Snapshot, item: Mapping[str, Mapping[str, Any]]) -> None
         raise StoreRejected(f"unexpected item {pk!r} in the limitflow table")
 
 
-def _items(writes: Writes) -> Iterator[Item]:
+def _puts(writes: Writes, expected: Expected) -> Iterator[tuple[Item, bool, int | None]]:
+    """Each item to put, whether its stored expiry is checked, and the expiry read."""
     for key, bucket in writes.buckets.items():
-        yield _bucket_item(key, bucket)
+        yield _bucket_item(key, bucket), True, expected.buckets[key]
     for key, account in writes.accounts.items():
-        yield _account_item(key, account)
+        yield _account_item(key, account), False, None
     for key, record in writes.events.items():
-        yield _event_item(key, record)
+        yield _event_item(key, record), True, expected.events[key]
+
+
+def _put(table: str, item: Item, check_expiry: bool, expires_at: int | None) -> dict[str, Any]:
+    """The ``Put`` action of ``item``, conditioned on the stored item being the one read."""
+    put: dict[str, Any] = {
+        "TableName": table,
+        "Item": item,
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+    }
+    version = int(item["version"]["N"])
+    if version == 1:
+        put["ConditionExpression"] = "attribute_not_exists(pk)"
+        return put
+    condition = "#v = :v"
+    names = {"#v": "version"}
+    values = {":v": _n(version - 1)}
+    if check_expiry:
+        names["#e"] = "expires_at"
+        if expires_at is None:
+            condition += " AND attribute_not_exists(#e)"
+        else:
+            condition += " AND #e = :e"
+            values[":e"] = _n(expires_at)
+    put["ConditionExpression"] = condition
+    put["ExpressionAttributeNames"] = names
+    put["ExpressionAttributeValues"] = values
+    return put
 
 
 def _error_code(exc: ClientError) -> str:
@@ -211,7 +241,13 @@ def _cancellation(exc: ClientError) -> StoreError:
             old = reason.get("Item") or {}
             pk = old.get("pk", {}).get("S", "?")
             stored = old.get("version", {}).get("N", "absent")
-            log.info("conflict on %s: stored version %s moved since it was read", pk, stored)
+            expiry = old.get("expires_at", {}).get("N", "none")
+            log.info(
+                "conflict on %s: stored version %s (expires_at %s) is not the one read",
+                pk,
+                stored,
+                expiry,
+            )
             break
     if codes & _CANCEL_CONFLICT:
         return ConflictError(f"a record changed since it was read ({', '.join(sorted(codes))})")
@@ -386,26 +422,12 @@ class DynamoStore(Store):
             f"DynamoDB left keys unprocessed after {_UNPROCESSED_RETRIES} retries (throttled)"
         )
 
-    async def _write(self, writes: Writes) -> None:
+    async def _write(self, writes: Writes, expected: Expected) -> None:
         if len(writes) > MAX_TRANSACT_ITEMS:
             raise StoreRejected(
                 f"{len(writes)} records in one commit; DynamoDB allows {MAX_TRANSACT_ITEMS}"
             )
-        actions: list[dict[str, Any]] = []
-        for item in _items(writes):
-            version = int(item["version"]["N"])
-            put: dict[str, Any] = {
-                "TableName": self.table,
-                "Item": item,
-                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-            }
-            if version == 1:
-                put["ConditionExpression"] = "attribute_not_exists(pk)"
-            else:
-                put["ConditionExpression"] = "#v = :v"
-                put["ExpressionAttributeNames"] = {"#v": "version"}
-                put["ExpressionAttributeValues"] = {":v": _n(version - 1)}
-            actions.append({"Put": put})
+        actions = [{"Put": _put(self.table, *put)} for put in _puts(writes, expected)]
         client = await self._dynamodb()
         self.round_trips += 1
         try:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError
-from stores.base import Retention, Store
+from stores.base import Expected, Retention, Store
 
 
 class MemoryStore(Store):
@@ -35,18 +35,15 @@ class MemoryStore(Store):
                 snapshot.events[key] = record.copy()
         return snapshot
 
-    async def _write(self, writes: Writes) -> None:
+    async def _write(self, writes: Writes, expected: Expected) -> None:
         self.round_trips += 1
         # check everything before changing anything: all or nothing
-        for table, records in (
-            (self.buckets, writes.buckets),
-            (self.accounts, writes.accounts),
-            (self.events, writes.events),
-        ):
-            for key, record in records.items():
-                stored = table.get(key)
-                if (stored.version if stored is not None else 0) != record.version - 1:
-                    raise ConflictError(f"{key!r} changed since it was read")
+        for key, account in writes.accounts.items():
+            _check(key, self.accounts.get(key), account.version)
+        for key, bucket in writes.buckets.items():
+            _check(key, self.buckets.get(key), bucket.version, expected.buckets[key])
+        for key, record in writes.events.items():
+            _check(key, self.events.get(key), record.version, expected.events[key])
         # copies: the caller keeps changing its records after the commit
         for key, bucket in writes.buckets.items():
             self.buckets[key] = bucket.copy()
@@ -60,3 +57,21 @@ class MemoryStore(Store):
 
     async def _verify(self) -> None:
         return None
+
+
+def _check(
+    key: str,
+    stored: Bucket | Account | EventRecord | None,
+    version: int,
+    expires_at: int | None = None,
+) -> None:
+    """Raise ``ConflictError`` unless ``stored`` is the record a write of ``version``
+    replaces: none for version 1, else version - 1 with the expiry read."""
+    if stored is None:
+        if version == 1:
+            return
+    elif stored.version == version - 1 and (
+        isinstance(stored, Account) or stored.expires_at == expires_at
+    ):
+        return
+    raise ConflictError(f"{key!r} changed since it was read")

@@ -3,11 +3,14 @@
 Documents are keyed by ``_id`` in ``buckets``, ``accounts`` and ``events``. A commit runs
 one ``bulk_write`` per collection inside a transaction: a record with new version 1 is
 an insert (a duplicate key means another writer created it first), any later version a
-``ReplaceOne`` filtered on ``{_id, version: v - 1}`` whose matched count must equal the
-number of operations. Any miss aborts the whole transaction, so a batch is stored all
-together or not at all, and a writer that decided on stale state never overwrites newer
-state. Unlike a per-counter ``find_one_and_update``, no limit is checked or applied on
-its own: every bucket, the account sequence and the idempotency record move together.
+``ReplaceOne`` filtered on ``{_id, version: v - 1, expires_at: <as read>}`` (just the
+version for accounts) whose matched count must equal the number of operations. Any miss
+aborts the whole transaction, so a batch is stored all together or not at all, and a
+writer that decided on stale state never overwrites newer state. The filter on the
+expiry keeps a record that the TTL monitor deleted and a writer created again (its
+versions restart at 1) from passing for the one read before the deletion. Unlike a
+per-counter ``find_one_and_update``, no limit is checked or applied on its own: every
+bucket, the account sequence and the idempotency record move together.
 
 ``expires_at`` is a BSON date so that a TTL index (``expireAfterSeconds=0``) deletes
 expired records; it is absent for records that never expire. The TTL monitor runs late
@@ -54,7 +57,7 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from stores.base import Retention, Store
+from stores.base import Expected, Retention, Store
 
 Document = dict[str, Any]
 
@@ -176,14 +179,26 @@ class MongoStore(Store):
 
     # -- writes ------------------------------------------------------------------------
 
-    async def _write(self, writes: Writes) -> None:
+    async def _write(self, writes: Writes, expected: Expected) -> None:
         plan = (
-            (BUCKETS, [_ops(key, _bucket_doc(b), b.version) for key, b in writes.buckets.items()]),
+            (
+                BUCKETS,
+                [
+                    _ops(key, _bucket_doc(b), b.version, _expiry(expected.buckets[key]))
+                    for key, b in writes.buckets.items()
+                ],
+            ),
             (
                 ACCOUNTS,
                 [_ops(key, _account_doc(a), a.version) for key, a in writes.accounts.items()],
             ),
-            (EVENTS, [_ops(key, _event_doc(r), r.version) for key, r in writes.events.items()]),
+            (
+                EVENTS,
+                [
+                    _ops(key, _event_doc(r), r.version, _expiry(expected.events[key]))
+                    for key, r in writes.events.items()
+                ],
+            ),
         )
         try:
             async with self.client.start_session(causal_consistency=False) as session:
@@ -323,14 +338,28 @@ def _redact(url: str) -> str:
 # -- documents <-> records --------------------------------------------------------------
 
 
-def _ops(key: str, doc: Document, version: int) -> InsertOne[Document] | ReplaceOne[Document]:
+def _ops(
+    key: str, doc: Document, version: int, expiry: Document | None = None
+) -> InsertOne[Document] | ReplaceOne[Document]:
+    """The write of ``doc`` as ``version``, conditioned on the stored record as read:
+    none for version 1, else ``version - 1`` and ``expiry`` (a filter on expires_at)."""
     if version < 1:
         raise StoreRejected(f"{key!r}: version {version} cannot be written")
     doc["_id"] = key
     doc["version"] = version
     if version == 1:
         return InsertOne(doc)
-    return ReplaceOne({"_id": key, "version": version - 1}, doc)
+    return ReplaceOne({"_id": key, "version": version - 1, **(expiry or {})}, doc)
+
+
+def _expiry(expires_at: int | None) -> Document:
+    """The filter matching a stored ``expires_at`` equal to the one read.
+
+    A record without expiry has no field at all; ``None`` would also match a null.
+    """
+    if expires_at is None:
+        return {"expires_at": {"$exists": False}}
+    return {"expires_at": _date(expires_at)}
 
 
 def _int64(value: int, what: str) -> int:

@@ -1,7 +1,9 @@
 """Embedded, durable store in one SQLite file (WAL, fsync on commit).
 
 Several processes may share the file: a commit takes SQLite's write lock
-(``BEGIN IMMEDIATE``) and checks versions inside it.
+(``BEGIN IMMEDIATE``) and checks versions and expiries inside it. Nothing here deletes
+expired rows; one may purge them by hand at any time, which the conditions on
+``expires_at`` make safe (see ``stores.base``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError, StoreNotInitialized, StoreUnavailable
 from schemas.events import EventType
-from stores.base import Retention, Store
+from stores.base import Expected, Retention, Store
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
@@ -121,7 +123,7 @@ class SqliteStore(Store):
             raise _translate(exc) from exc
         return snapshot
 
-    async def _write(self, writes: Writes) -> None:
+    async def _write(self, writes: Writes, expected: Expected) -> None:
         db = self._db
         self.round_trips += 1
         try:
@@ -129,7 +131,7 @@ class SqliteStore(Store):
         except sqlite3.OperationalError as exc:
             raise _translate(exc) from exc
         try:
-            expected = 0
+            changes = 0
             before = db.total_changes
             fresh_b = [(k, b) for k, b in writes.buckets.items() if b.version == 1]
             old_b = [(k, b) for k, b in writes.buckets.items() if b.version > 1]
@@ -139,13 +141,22 @@ class SqliteStore(Store):
             )
             db.executemany(
                 "UPDATE buckets SET count=?, amount=?, version=?, period_end=?, expires_at=?"
-                " WHERE key=? AND version=?",
+                " WHERE key=? AND version=? AND expires_at IS ?",
                 [
-                    (b.count, b.amount, b.version, b.period_end, b.expires_at, k, b.version - 1)
+                    (
+                        b.count,
+                        b.amount,
+                        b.version,
+                        b.period_end,
+                        b.expires_at,
+                        k,
+                        b.version - 1,
+                        expected.buckets[k],
+                    )
                     for k, b in old_b
                 ],
             )
-            expected += len(fresh_b) + len(old_b)
+            changes += len(fresh_b) + len(old_b)
             fresh_a = [(k, a) for k, a in writes.accounts.items() if a.version == 1]
             old_a = [(k, a) for k, a in writes.accounts.items() if a.version > 1]
             db.executemany(
@@ -155,7 +166,7 @@ class SqliteStore(Store):
                 "UPDATE accounts SET seq=?, version=? WHERE id=? AND version=?",
                 [(a.seq, a.version, k, a.version - 1) for k, a in old_a],
             )
-            expected += len(fresh_a) + len(old_a)
+            changes += len(fresh_a) + len(old_a)
             rows = [
                 (
                     r.fingerprint,
@@ -184,11 +195,11 @@ class SqliteStore(Store):
             db.executemany(
                 "UPDATE events SET fingerprint=?, account_id=?, type=?, accepted=?, seq=?,"
                 " verdict=?, amount=?, currency=?, reversed=?, buckets=?, occurred=?,"
-                " version=?, expires_at=? WHERE id=? AND version=?",
-                [(*row, row[11] - 1) for row in rows if row[11] > 1],
+                " version=?, expires_at=? WHERE id=? AND version=? AND expires_at IS ?",
+                [(*row, row[11] - 1, expected.events[row[13]]) for row in rows if row[11] > 1],
             )
-            expected += len(rows)
-            if db.total_changes - before != expected:
+            changes += len(rows)
+            if db.total_changes - before != changes:
                 raise ConflictError("a record changed since it was read")
             db.execute("COMMIT")
         except sqlite3.IntegrityError as exc:

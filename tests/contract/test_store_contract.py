@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 from benchmarks.generate import events as generated_events
 from handlers.decide import Decider, OutcomeKind
-from handlers.state import Account, Bucket, EventRecord, Keys, Writes
+from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, WorkingState, Writes
 from limitflow.errors import ConflictError
 from schemas.events import EventType
 from schemas.rules import load_rules
 from stores import open_store
 from stores.base import Store
+from stores.dynamo import DynamoStore
+from stores.memory import MemoryStore
+from stores.mongo import MongoStore
+from stores.sqlite import SqliteStore
 from streams.engine import Engine, Record
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -128,15 +134,14 @@ async def test_stale_write_is_refused_and_changes_nothing(store_url: str) -> Non
         with pytest.raises(ConflictError):
             await store.commit(zombie)
         # and one that read version 1 but writes after someone else moved it to 2
-        await store.commit(
-            Writes(buckets={"r|2026-01-01|a": Bucket(2, 200, version=2, period_end=1_900_000_000)})
-        )
+        keys = Keys(buckets={"r|2026-01-01|a"})
+        first = (await store.load(keys)).buckets["r|2026-01-01|a"]
+        late = (await store.load(keys)).buckets["r|2026-01-01|a"]
+        first.count, first.amount, first.version = 2, 200, 2
+        await store.commit(Writes(buckets={"r|2026-01-01|a": first}))
+        late.count, late.amount, late.version = 9, 900, 2
         with pytest.raises(ConflictError):
-            await store.commit(
-                Writes(
-                    buckets={"r|2026-01-01|a": Bucket(9, 900, version=2, period_end=1_900_000_000)}
-                )
-            )
+            await store.commit(Writes(buckets={"r|2026-01-01|a": late}))
         got = await store.load(
             Keys(buckets={"r|2026-01-01|a", "r|2026-01-01|b"}, events={"e1", "e2"})
         )
@@ -178,7 +183,9 @@ async def test_expired_records_read_as_absent_and_can_be_replaced(store_url: str
         bucket = stale.buckets["r|d|a"]
         assert (bucket.count, bucket.amount, bucket.version) == (0, 0, 1)
         assert "e1" in stale.events  # event records live 400 days by default
-        await later.commit(Writes(buckets={"r|d|a": Bucket(1, 5, version=2, period_end=None)}))
+        # replacing it is conditioned on the expired record, still stored, read as it is
+        bucket.count, bucket.amount, bucket.version = 1, 5, 2
+        await later.commit(Writes(buckets={"r|d|a": bucket}))
         again = await later.load(Keys(buckets={"r|d|a"}))
         assert again.buckets["r|d|a"].count == 1
         assert again.buckets["r|d|a"].expires_at is None  # lifetime buckets never expire
@@ -193,3 +200,170 @@ async def test_init_is_idempotent(store_url: str) -> None:
         await store.check()
     finally:
         await store.close()
+
+
+# -- TTL deletion versus a writer that read before it (the "TTL ABA") -------------------
+#
+# MongoDB's TTL monitor and DynamoDB's TTL delete expired records late, at any moment;
+# sqlite and memory never delete, but an operator may purge expired rows by hand. A
+# record created again after such a deletion starts over at version 1, so a writer that
+# read the old record must not be able to commit over the new one just because the
+# version numbers coincide.
+
+NOW = 1_900_000_000.0
+"""Far ahead of the real clock, so a real TTL monitor never deletes these records."""
+LATER = NOW + 3 * 86_400
+SHORT = "bucket_retention_days=1&event_retention_days=1"
+BUCKET = "r|d|a"
+
+
+async def handles(url: str, *clocks: float) -> list[Store]:
+    """Stores on the same data, each with its own expiry clock (one per writer)."""
+    url += ("&" if "?" in url else "?") + SHORT
+    stores = [await opened(url, clock) for clock in clocks]
+    first = stores[0]
+    for other in stores[1:]:
+        if isinstance(first, MemoryStore) and isinstance(other, MemoryStore):
+            other.buckets, other.accounts, other.events = (
+                first.buckets,
+                first.accounts,
+                first.events,
+            )
+    return stores
+
+
+async def purge(store: Store, bucket: str, event: str) -> None:
+    """Delete a bucket and an event record behind every writer's back (TTL deletion)."""
+    if isinstance(store, MemoryStore):
+        del store.buckets[bucket], store.events[event]
+    elif isinstance(store, SqliteStore):
+        with closing(sqlite3.connect(store.path, isolation_level=None)) as db:
+            db.execute("DELETE FROM buckets WHERE key = ?", (bucket,))
+            db.execute("DELETE FROM events WHERE id = ?", (event,))
+    elif isinstance(store, MongoStore):
+        db = store.client[store.database_name]
+        assert (await db["buckets"].delete_one({"_id": bucket})).deleted_count == 1
+        assert (await db["events"].delete_one({"_id": event})).deleted_count == 1
+    else:
+        assert isinstance(store, DynamoStore)
+        client = await store._dynamodb()
+        for pk in ("b#" + bucket, "e#" + event):
+            old = await client.delete_item(
+                TableName=store.table, Key={"pk": {"S": pk}}, ReturnValues="ALL_OLD"
+            )
+            assert old.get("Attributes")
+
+
+def add_payment(
+    state: WorkingState, event_id: str, verdict: bytes, at: float, account: str | None = None
+) -> None:
+    """What the decision core does for an accepted payment of 5 at time ``at``."""
+    bucket = state.bucket_for_update(BUCKET, int(at) + 60)
+    bucket.count += 1
+    bucket.amount += 5
+    if account is not None:
+        state.account_for_update(account).seq += 1
+    new = record(event_id, 0)
+    new.verdict, new.buckets, new.occurred = verdict, (BUCKET,), int(at)
+    state.put_event(event_id, new)
+
+
+async def stored(store: Store) -> tuple[tuple[int, int, int], bytes, int | None]:
+    """((count, amount, version) of the bucket, verdict of e1, seq of account a or None)."""
+    got = await store.load(Keys(buckets={BUCKET}, events={"e1"}, accounts={"a"}))
+    bucket = got.buckets[BUCKET]
+    account = got.accounts.get("a")
+    return (
+        (bucket.count, bucket.amount, bucket.version),
+        got.events["e1"].verdict,
+        None if account is None else account.seq,
+    )
+
+
+async def test_expired_record_deleted_and_recreated_is_not_overwritten(store_url: str) -> None:
+    """B reads expired records, TTL deletes them, A creates them again; B must lose.
+
+    B's write replaces what it read (version 1); A's new records are also version 1.
+    Without more than the version in B's condition, B silently overwrites A's payment
+    (an increment lost) and re-decides an event A already published a verdict for.
+    """
+    early, b, a = await handles(store_url, NOW, LATER, LATER)
+    try:
+        state = WorkingState(Snapshot())
+        add_payment(state, "e1", b"old", NOW, account="a")
+        await early.commit(state.take_writes())
+
+        seen_by_b = await b.load(Keys(buckets={BUCKET}, events={"e1"}, accounts={"a"}))
+        assert seen_by_b.buckets[BUCKET].count == 0 and "e1" not in seen_by_b.events
+        await purge(early, BUCKET, "e1")
+        seen_by_a = await a.load(Keys(buckets={BUCKET}, events={"e1"}))
+        assert not seen_by_a.buckets and not seen_by_a.events
+        state_a = WorkingState(seen_by_a)
+        add_payment(state_a, "e1", b"A", LATER)
+        await a.commit(state_a.take_writes())
+
+        # B's account write alone would succeed: the commit is refused as a whole
+        state_b = WorkingState(seen_by_b)
+        add_payment(state_b, "e1", b"B", LATER, account="a")
+        with pytest.raises(ConflictError):
+            await b.commit(state_b.take_writes())
+        assert await stored(a) == ((1, 5, 1), b"A", 1)  # A's records; B stored nothing
+    finally:
+        for store in (early, b, a):
+            await store.close()
+
+
+async def test_live_record_deleted_and_recreated_to_the_same_version_is_not_overwritten(
+    store_url: str,
+) -> None:
+    """B reads live records (bucket version 2, event version 1) just before they expire;
+    they are deleted and created again, and reach the same versions before B commits."""
+    early, b, a = await handles(store_url, NOW, NOW, LATER)
+    try:
+        for event_id in ("e0", "e1"):
+            state = WorkingState(await early.load(Keys(buckets={BUCKET}, accounts={"a"})))
+            add_payment(state, event_id, b"old", NOW, account="a")
+            await early.commit(state.take_writes())
+
+        seen_by_b = await b.load(Keys(buckets={BUCKET}, events={"e1"}, accounts={"a"}))
+        assert seen_by_b.buckets[BUCKET].version == 2 and seen_by_b.events["e1"].version == 1
+        await purge(early, BUCKET, "e1")
+        for event_id in ("e1", "e2"):  # e1 again: its idempotency record was deleted
+            state = WorkingState(await a.load(Keys(buckets={BUCKET}, events={event_id})))
+            add_payment(state, event_id, b"A", LATER)
+            await a.commit(state.take_writes())
+
+        # B releases e1's payment (a reversal): bucket 2 -> 3, e1 1 -> 2, account 2 -> 3
+        state_b = WorkingState(seen_by_b)
+        original = seen_by_b.events["e1"]
+        original.reversed = original.amount
+        state_b.touch_event("e1")
+        bucket = state_b.bucket_for_update(BUCKET, None)
+        bucket.count, bucket.amount = bucket.count - 1, bucket.amount - 5
+        state_b.account_for_update("a").seq += 1
+        with pytest.raises(ConflictError):
+            await b.commit(state_b.take_writes())
+        assert await stored(a) == ((2, 10, 2), b"A", 2)
+    finally:
+        for store in (early, b, a):
+            await store.close()
+
+
+async def test_absent_record_created_meanwhile_is_not_overwritten(store_url: str) -> None:
+    """B reads nothing (never stored, or already deleted); A creates the records first."""
+    b, a = await handles(store_url, LATER, LATER)
+    try:
+        seen_by_b = await b.load(Keys(buckets={BUCKET}, events={"e1"}, accounts={"a"}))
+        assert not seen_by_b.buckets and not seen_by_b.events
+        state_a = WorkingState(await a.load(Keys(buckets={BUCKET}, events={"e1"})))
+        add_payment(state_a, "e1", b"A", LATER)
+        await a.commit(state_a.take_writes())
+
+        state_b = WorkingState(seen_by_b)
+        add_payment(state_b, "e1", b"B", LATER, account="a")
+        with pytest.raises(ConflictError):
+            await b.commit(state_b.take_writes())
+        assert await stored(a) == ((1, 5, 1), b"A", None)
+    finally:
+        for store in (b, a):
+            await store.close()

@@ -200,10 +200,16 @@ async def test_expired_event_record_is_replaced_under_its_version(
         await s.commit(Writes(events={"evt-1": _event()}))
         now[0] += 3600  # past expiry, but DynamoDB's TTL deletion has not run
         snapshot = await s.load(Keys(events={"evt-1"}))
-        assert snapshot.events == {} and snapshot.event_versions == {"evt-1": 1}
+        assert snapshot.events == {}
+        expired = snapshot.expired_events["evt-1"]
+        assert (expired.version, expired.expires_at) == (1, 1_773_450_060)
         with pytest.raises(ConflictError):  # still a create of an existing key
             await s.commit(Writes(events={"evt-1": _event(version=1)}))
-        await s.commit(Writes(events={"evt-1": _event(version=2, seq=2)}))
+        with pytest.raises(ConflictError):  # version 1, but not the expiry read
+            await s.commit(Writes(events={"evt-1": _event(version=2, seq=2)}))
+        await s.commit(
+            Writes(events={"evt-1": _event(version=2, seq=2, expires_at=expired.expires_at)})
+        )
         assert (await s.load(Keys(events={"evt-1"}))).events["evt-1"].seq == 2
     finally:
         await s.close()

@@ -337,18 +337,62 @@ async def test_expired_records_read_as_empty_and_keep_their_versions(store: Mong
         store.client, store.database_name, Retention(DAY, 2 * DAY), clock=lambda: now + 3 * DAY
     )
     snapshot = await late.load(keys)
-    assert snapshot.buckets["b"] == Bucket(version=1)
-    assert snapshot.events == {} and snapshot.event_versions == {"e": 1}
-    # a new record replaces the expired one under the usual version check
-    await late.commit(
-        Writes(
-            buckets={"b": Bucket(count=1, amount=5, version=2, period_end=int(now + 3 * DAY))},
-            events={"e": record("e", version=2, occurred=int(now + 3 * DAY))},
-        )
-    )
+    assert snapshot.buckets["b"] == Bucket(version=1, expires_at=int(now) + 60 + DAY)
+    assert snapshot.events == {}
+    expired = snapshot.expired_events["e"]
+    assert (expired.version, expired.expires_at) == (1, int(now) + 2 * DAY)
+    # a new record replaces the expired one on condition it is still stored as read
+    bucket = Bucket(1, 5, 2, int(now + 3 * DAY), expires_at=int(now) + 60 + DAY)
+    event = record("e", version=2, occurred=int(now + 3 * DAY), expires_at=expired.expires_at)
+    await late.commit(Writes(buckets={"b": bucket}, events={"e": event}))
     fresh = await late.load(keys)
     assert (fresh.buckets["b"].count, fresh.buckets["b"].version) == (1, 2)
     assert fresh.events["e"].version == 2
+
+
+@pytest.mark.integration
+async def test_ttl_deletion_does_not_let_a_stale_writer_overwrite_the_new_record(
+    store: MongoStore,
+) -> None:
+    """The server's own TTL deletion, not a simulated one: B reads a bucket and an event
+    record just before they expire, the server deletes them, A creates them again at
+    version 1, and B's write (conditioned on version 1) must not replace A's records."""
+    seconds = Retention(bucket_seconds=2, event_seconds=2)
+    handle = MongoStore(store.client, store.database_name, seconds)  # the real clock
+    now = int(time.time())
+    await handle.commit(
+        Writes(
+            buckets={"b": Bucket(count=1, amount=10, version=1, period_end=now)},
+            events={"e": record("e", occurred=now, verdict=b"old")},
+        )
+    )
+    keys = Keys(buckets={"b"}, events={"e"})
+    seen_by_b = await handle.load(keys)
+    assert seen_by_b.buckets["b"].version == 1 and seen_by_b.events["e"].version == 1
+
+    db = store.client[store.database_name]
+    deadline = time.monotonic() + 150  # MongoDB's TTL monitor runs once a minute
+    while await db["buckets"].find_one({"_id": "b"}) or await db["events"].find_one({"_id": "e"}):
+        assert time.monotonic() < deadline, "the server never deleted the expired records"
+        await asyncio.sleep(0.5)
+
+    seen_by_a = await handle.load(keys)
+    assert not seen_by_a.buckets and not seen_by_a.events
+    later = int(time.time())
+    await handle.commit(
+        Writes(
+            buckets={"b": Bucket(count=1, amount=20, version=1, period_end=later + DAY)},
+            events={"e": record("e", occurred=later + DAY, verdict=b"A")},
+        )
+    )
+    bucket, event = seen_by_b.buckets["b"], seen_by_b.events["e"]
+    bucket.count, bucket.amount, bucket.version = 2, 30, 2
+    event.reversed, event.version = 5, 2
+    with pytest.raises(ConflictError):
+        await handle.commit(Writes(buckets={"b": bucket}, events={"e": event}))
+    stored = await handle.load(keys)
+    assert (stored.buckets["b"].count, stored.buckets["b"].amount) == (1, 20)
+    assert stored.events["e"].verdict == b"A" and stored.events["e"].reversed == 0
 
 
 UNREACHABLE = """
