@@ -373,12 +373,19 @@ class Decider:
             fully = original.reversed >= original.amount
             state.touch_event(event.original_event_id)
             for key in original.buckets:
-                bucket = state.bucket_for_update(key, None)
-                # an expired bucket reads as empty: never let a release go below zero
-                bucket.amount = max(bucket.amount - amount, 0)
-                if fully:
-                    bucket.count = max(bucket.count - 1, 0)
-                released = self._released_state(key, bucket.count, bucket.amount)
+                held = state.bucket(key)
+                if held is None or (held.count == 0 and held.amount == 0):
+                    # its period expired (reads as empty) or nothing is left: nothing to
+                    # release, and no bucket to write (it would carry no period end and
+                    # never expire)
+                    released = self._released_state(key, 0, 0)
+                else:
+                    bucket = state.bucket_for_update(key, None)
+                    # never let a release go below zero
+                    bucket.amount = max(bucket.amount - amount, 0)
+                    if fully:
+                        bucket.count = max(bucket.count - 1, 0)
+                    released = self._released_state(key, bucket.count, bucket.amount)
                 if released is not None:
                     limits.append(released)
         if amount is None and event.amount is not None:

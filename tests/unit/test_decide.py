@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from handlers.decide import Decider, OutcomeKind
@@ -247,3 +248,17 @@ def test_reversal_after_a_rule_was_removed_still_releases_its_bucket() -> None:
     assert [x["rule_id"] for x in reversal["limits"]] == ["day"]
     released = store.buckets["merchant|2026-03-14T02|m1"]
     assert (released.count, released.amount) == (0, 0)
+
+
+def test_reversal_after_its_buckets_expired_writes_no_bucket() -> None:
+    now = [datetime(2026, 3, 14, 4, tzinfo=UTC).timestamp()]
+    store = MemoryStore(clock=lambda: now[0])
+    run(pay("p1", "60.00", merchant_id="m1"), store=store)
+    before = {key: (b.version, b.expires_at) for key, b in store.buckets.items()}
+    assert all(expires is not None for _, expires in before.values())
+    now[0] += 90 * 86400  # past the buckets' retention, within the event record's
+    (reversal,) = run(reverse("r1", "p1"), store=store)
+    assert reversal["decision"] == "accept"
+    assert {x["rule_id"]: x["amount_used"] for x in reversal["limits"]}["day"] == "0.00"
+    # the expired buckets are left to expire, not rewritten without a period end
+    assert {key: (b.version, b.expires_at) for key, b in store.buckets.items()} == before
