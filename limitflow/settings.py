@@ -146,7 +146,11 @@ def _build(cls: type[_T], values: Mapping[str, Any], env: Mapping[str, str], **g
 
 
 def _require(
-    classes: tuple[type[Any], ...], values: Mapping[str, Any], env: Mapping[str, str]
+    classes: tuple[type[Any], ...],
+    values: Mapping[str, Any],
+    env: Mapping[str, str],
+    *,
+    flags: bool = True,
 ) -> None:
     """Raise one ``ConfigError`` naming every required setting given neither way."""
     missing = [
@@ -160,8 +164,25 @@ def _require(
         and env.get(env_name(spec.name)) is None
     ]
     if missing:
-        needed = ", ".join(f"--{n.replace('_', '-')} ({env_name(n)})" for n in missing)
+        needed = ", ".join(
+            f"--{n.replace('_', '-')} ({env_name(n)})" if flags else env_name(n) for n in missing
+        )
         raise ConfigError(f"missing required settings: {needed}")
+
+
+def check_topics(input_topic: str, output_topic: str, dead_letter_topic: str) -> None:
+    """Refuse a layout that would read its own output."""
+    if len({input_topic, output_topic, dead_letter_topic}) != 3:
+        raise ConfigError("input, output and dead-letter topics must be three different topics")
+
+
+def load_env_settings(cls: type[_T], env: Mapping[str, str]) -> _T:
+    """The dataclass ``cls`` from ``LIMITFLOW_*`` variables over its defaults.
+
+    For runtimes configured by the environment alone (the faust app).
+    """
+    _require((cls,), {}, env, flags=False)
+    return _build(cls, {}, env)
 
 
 def _check(settings: KafkaSettings) -> KafkaSettings:
@@ -172,9 +193,7 @@ def _check(settings: KafkaSettings) -> KafkaSettings:
                 f"bootstrap_servers: expected HOST:PORT[,HOST:PORT…], got "
                 f"{settings.bootstrap_servers!r}"
             )
-    names = [settings.input_topic, settings.output_topic, settings.dead_letter_topic]
-    if len(set(names)) != len(names):
-        raise ConfigError("input, output and dead-letter topics must be three different topics")
+    check_topics(settings.input_topic, settings.output_topic, settings.dead_letter_topic)
     return settings
 
 

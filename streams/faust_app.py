@@ -30,7 +30,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 import faust
@@ -41,15 +41,13 @@ from mode.supervisors import CrashingSupervisor
 
 from handlers.decide import Decider, OutcomeKind
 from limitflow.errors import ConfigError, LimitflowError
+from limitflow.settings import DEFAULT_STORE, check_topics, load_env_settings
 from schemas.rules import RulesError, RuleSet, load_rules
 from schemas.verdicts import dead_letter, verdict_encoder
 from stores.base import Store
 from streams.engine import Engine, Record, Result
 
 log = logging.getLogger("limitflow.faust")
-
-ENV_PREFIX = "LIMITFLOW_"
-DEFAULT_STORE = "sqlite:///limitflow.db"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,28 +82,8 @@ class FaustSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> FaustSettings:
         """Settings from ``LIMITFLOW_*`` variables over the defaults."""
-        values: dict[str, Any] = {}
-        missing: list[str] = []
-        for spec in fields(cls):
-            name = ENV_PREFIX + spec.name.upper()
-            raw = env.get(name)
-            if raw is None or raw == "":
-                if spec.default is MISSING:
-                    missing.append(name)
-                continue
-            if spec.type in (int, "int"):
-                try:
-                    values[spec.name] = int(raw)
-                except ValueError:
-                    raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
-            else:
-                values[spec.name] = raw
-        if missing:
-            raise ConfigError(f"missing required settings: {', '.join(missing)}")
-        settings = cls(**values)
-        topics = {settings.input_topic, settings.output_topic, settings.dead_letter_topic}
-        if len(topics) != 3:
-            raise ConfigError("input, output and dead-letter topics must be three different topics")
+        settings = load_env_settings(cls, env)
+        check_topics(settings.input_topic, settings.output_topic, settings.dead_letter_topic)
         return settings
 
 

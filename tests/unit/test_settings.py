@@ -95,3 +95,24 @@ def test_topic_settings() -> None:
     assert topics.kafka.input_topic == "events"
     with pytest.raises(ConfigError):
         load_topic_settings({"partitions": 0}, env_of(REQUIRED))
+
+
+def test_faust_settings_come_from_the_same_loader() -> None:
+    from streams.faust_app import FaustSettings
+
+    with pytest.raises(ConfigError) as missing:
+        FaustSettings.from_env({})
+    assert str(missing.value) == (
+        "missing required settings: LIMITFLOW_BOOTSTRAP_SERVERS, LIMITFLOW_RULES"
+    )
+    env = {"LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092", "LIMITFLOW_RULES": "r.yaml"}
+    settings = FaustSettings.from_env({**env, "LIMITFLOW_BATCH_SIZE": " 30 "})
+    assert (settings.batch_size, settings.group_id, settings.store) == (
+        30,
+        "limitflow-faust",
+        "sqlite:///limitflow.db",
+    )
+    with pytest.raises(ConfigError, match="batch_size"):
+        FaustSettings.from_env({**env, "LIMITFLOW_BATCH_SIZE": "many"})
+    with pytest.raises(ConfigError, match="three different topics"):
+        FaustSettings.from_env({**env, "LIMITFLOW_OUTPUT_TOPIC": "limitflow.events"})
