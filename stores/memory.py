@@ -1,12 +1,25 @@
-"""In-process store: the reference backend, and the fastest for a one-off replay."""
+"""In-process store: the reference backend, and the fastest for a one-off replay.
+
+Idempotency records are kept packed: their fields (the verdict, which explains every
+applicable limit and is most of what a replay holds, and the bucket keys) as one
+msgpack document, zlib-compressed against a dictionary of the verdict's field names.
+The dictionary ends with the first verdict the store keeps, so the rule ids, windows and
+limits of the workload compress too; each record holds (a reference to) the dictionary
+it was packed with. ``load`` unpacks the few records it is asked for.
+"""
 
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable
+from typing import NamedTuple
+
+import msgspec
 
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError
+from schemas.events import EventType
 from stores.base import Expected, Retention, Store
 
 
@@ -19,7 +32,8 @@ class MemoryStore(Store):
         super().__init__(retention, clock)
         self.buckets: dict[str, Bucket] = {}
         self.accounts: dict[str, Account] = {}
-        self.events: dict[str, EventRecord] = {}
+        self.events: dict[str, Packed] = {}
+        self._zdict: bytes | None = None
 
     async def _read(self, keys: Keys) -> Snapshot:
         self.round_trips += 1
@@ -31,8 +45,8 @@ class MemoryStore(Store):
             if (account := self.accounts.get(key)) is not None:
                 snapshot.accounts[key] = account.copy()
         for key in keys.events:
-            if (record := self.events.get(key)) is not None:
-                snapshot.events[key] = record.copy()
+            if (packed := self.events.get(key)) is not None:
+                snapshot.events[key] = packed.unpack()
         return snapshot
 
     async def _write(self, writes: Writes, expected: Expected) -> None:
@@ -50,7 +64,9 @@ class MemoryStore(Store):
         for key, account in writes.accounts.items():
             self.accounts[key] = account.copy()
         for key, record in writes.events.items():
-            self.events[key] = record.copy()
+            if self._zdict is None:
+                self._zdict = (_VERDICT_WORDS + record.verdict)[-32_768:]
+            self.events[key] = Packed.pack(record, self._zdict)
 
     async def _create(self) -> None:
         return None
@@ -59,9 +75,48 @@ class MemoryStore(Store):
         return None
 
 
+_VERDICT_WORDS = (
+    b'{"event_id":"","account_id":"","type":"reversal","decision":"reject","reason":'
+    b'"limit_exceeded","seq":,"violations":[{"rule_id":"","metric":"amount","period":"",'
+    b'"limit":"","used":""}],"occurred_at":"","amount":"","currency":"",'
+    b'"original_event_id":null,"rules_version":"","limits":[{"rule_id":"",'
+    b'"window":"transaction","period":"","count_used":,"count_limit":null,'
+    b'"count_remaining":null,"amount_used":null,"amount_limit":null,"amount_remaining":null}]}'
+)
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder().decode
+
+
+class Packed(NamedTuple):
+    """An idempotency record as the memory store keeps it."""
+
+    version: int
+    expires_at: int | None
+    fields: bytes
+    zdict: bytes
+
+    @classmethod
+    def pack(cls, r: EventRecord, zdict: bytes) -> Packed:
+        packer = zlib.compressobj(1, zdict=zdict)
+        fields = (r.fingerprint, r.account_id, r.type, r.accepted, r.seq, r.verdict, r.amount)
+        doc = _encode((*fields, r.currency, r.reversed, r.buckets, r.occurred))
+        return cls(r.version, r.expires_at, packer.compress(doc) + packer.flush(), zdict)
+
+    def unpack(self) -> EventRecord:
+        unpacker = zlib.decompressobj(zdict=self.zdict)
+        f = _decode(unpacker.decompress(self.fields) + unpacker.flush())
+        return EventRecord(
+            *(f[0], f[1], EventType(f[2]), f[3], f[4], f[5], f[6], f[7], f[8], tuple(f[9])),
+            occurred=f[10],
+            version=self.version,
+            expires_at=self.expires_at,
+        )
+
+
 def _check(
     key: str,
-    stored: Bucket | Account | EventRecord | None,
+    stored: Bucket | Account | Packed | None,
     version: int,
     expires_at: int | None = None,
 ) -> None:
