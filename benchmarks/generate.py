@@ -10,7 +10,12 @@ from datetime import UTC, datetime, timedelta
 
 
 def events(
-    count: int, *, accounts: int = 20_000, seed: int = 7, start: str = "2026-03-01"
+    count: int,
+    *,
+    accounts: int = 20_000,
+    merchants: int = 500,
+    seed: int = 7,
+    start: str = "2026-03-01",
 ) -> list[bytes]:
     """``count`` JSON lines: mostly CNY payments, some JPY, ~2% reversals, ~1% resends."""
     rng = random.Random(seed)
@@ -44,7 +49,7 @@ def events(
                 "event_id": f"evt-{n}",
                 "account_id": account,
                 "card_id": f"card-{account[5:]}-{rng.randrange(2)}",
-                "merchant_id": f"m-{rng.randrange(500)}",
+                "merchant_id": f"m-{rng.randrange(merchants)}",
                 "amount": amount,
                 "currency": currency,
                 "occurred_at": moment.isoformat().replace("+00:00", "Z"),

@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import random
+import sys
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from pymongo import AsyncMongoClient
 from pymongo.errors import DuplicateKeyError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+
+from benchmarks.generate import events
 from handlers.decide import Decider
 from schemas.events import EventRejected, parse_event
 from schemas.rules import load_rules
@@ -37,44 +38,6 @@ from stores.mongo import MongoStore
 from streams.engine import Engine, Record
 
 RULES = Path(__file__).resolve().parent.parent / "examples" / "rules.yaml"
-
-
-def events(count: int, seed: int = 7) -> list[bytes]:
-    """Payments over 300 accounts and 50 merchants, ~2% reversals, ~1% resends."""
-    rng = random.Random(seed)
-    moment = datetime(2026, 3, 1, tzinfo=UTC)
-    lines: list[bytes] = []
-    paid: list[tuple[str, str]] = []
-    for n in range(count):
-        moment += timedelta(milliseconds=rng.randint(1, 2_000))
-        account = f"acct-{rng.randrange(300)}"
-        roll = rng.random()
-        if roll < 0.01 and lines:
-            lines.append(rng.choice(lines))
-            continue
-        if roll < 0.03 and paid:
-            original, owner = rng.choice(paid)
-            doc: dict[str, Any] = {
-                "event_id": f"e-{n}",
-                "type": "reversal",
-                "account_id": owner,
-                "original_event_id": original,
-                "occurred_at": moment.isoformat(),
-            }
-        else:
-            doc = {
-                "event_id": f"e-{n}",
-                "account_id": account,
-                "card_id": f"card-{account}",
-                "merchant_id": f"m-{rng.randrange(50)}",
-                "amount": f"{rng.randint(100, 150_000) / 100:.2f}",
-                "currency": "CNY",
-                "occurred_at": moment.isoformat(),
-                "channel": "atm" if rng.random() < 0.1 else "pos",
-            }
-            paid.append((f"e-{n}", account))
-        lines.append(json.dumps(doc).encode())
-    return lines
 
 
 def database_url(server: str, database: str) -> str:
@@ -145,7 +108,7 @@ async def main() -> None:
     parser.add_argument("--events", type=int, default=3_000)
     parser.add_argument("--batch", type=int, default=500, help="events per Engine batch")
     args = parser.parse_args()
-    lines = events(args.events)
+    lines = events(args.events, accounts=300, merchants=50)
     store_s, store_trips, conflicts = await run_store(args.url, lines, args.batch)
     seed_s, seed_trips = await run_baseline(args.url, lines)
     store_rate, seed_rate = len(lines) / store_s, len(lines) / seed_s
