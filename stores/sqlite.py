@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -35,6 +36,8 @@ CREATE TABLE IF NOT EXISTS events (
 ) WITHOUT ROWID;
 """
 _CHUNK = 500
+_OPEN_TIMEOUT = 30.0
+"""Seconds to wait for another process holding the file's lock, at open and on commit."""
 
 
 def _chunks(keys: Iterable[str]) -> Iterator[list[str]]:
@@ -54,13 +57,7 @@ class SqliteStore(Store):
     def __init__(self, path: str, retention: Retention | None = None, **kwargs: Any) -> None:
         super().__init__(retention, **kwargs)
         self.path = path
-        try:
-            self._db = sqlite3.connect(path, timeout=30, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA cache_size=-65536")
-        except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open SQLite database {path}: {exc}") from exc
+        self._db = _open(path)
 
     async def _create(self) -> None:
         self._db.executescript(_SCHEMA)
@@ -215,6 +212,34 @@ class SqliteStore(Store):
 
     async def close(self) -> None:
         self._db.close()
+
+
+def _open(path: str) -> sqlite3.Connection:
+    """Connect in WAL mode. Switching a new file to WAL fails at once with SQLITE_BUSY
+    while another process opens it too (SQLite's busy handler is not used there), as
+    when two consumers start together: retry until ``_OPEN_TIMEOUT``."""
+    deadline = time.monotonic() + _OPEN_TIMEOUT
+    delay = 0.01
+    while True:
+        db: sqlite3.Connection | None = None
+        try:
+            db = sqlite3.connect(path, timeout=_OPEN_TIMEOUT, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA cache_size=-65536")
+        except sqlite3.Error as exc:
+            if db is not None:
+                db.close()
+            busy = getattr(exc, "sqlite_errorcode", None) in (
+                sqlite3.SQLITE_BUSY,
+                sqlite3.SQLITE_LOCKED,
+            )
+            if not busy or time.monotonic() + delay > deadline:
+                raise StoreUnavailable(f"cannot open SQLite database {path}: {exc}") from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            continue
+        return db
 
 
 def _translate(exc: sqlite3.Error) -> Exception:
