@@ -2,20 +2,22 @@
 
 Idempotency records are kept packed: their fields (the verdict, which explains every
 applicable limit and is most of what a replay holds, and the bucket keys) as one
-msgpack document, zlib-compressed against a dictionary of the verdict's field names.
+msgpack document, zstd-compressed against a dictionary of the verdict's field names.
 The dictionary ends with the first verdict the store keeps, so the rule ids, windows and
-limits of the workload compress too; each record holds (a reference to) the dictionary
-it was packed with. ``load`` unpacks the few records it is asked for.
+limits of the workload compress too; each record holds (a reference to) the codec it was
+packed with. ``load`` unpacks the few records it is asked for. zstd with a prepared
+dictionary packs a record in ~2 µs; zlib spent ~12 µs setting its dictionary up again for
+every record.
 """
 
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Callable
 from typing import NamedTuple
 
 import msgspec
+import zstandard
 
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError
@@ -33,7 +35,7 @@ class MemoryStore(Store):
         self.buckets: dict[str, Bucket] = {}
         self.accounts: dict[str, Account] = {}
         self.events: dict[str, Packed] = {}
-        self._zdict: bytes | None = None
+        self._codec: Codec | None = None
 
     async def _read(self, keys: Keys) -> Snapshot:
         self.round_trips += 1
@@ -64,9 +66,9 @@ class MemoryStore(Store):
         for key, account in writes.accounts.items():
             self.accounts[key] = account.copy()
         for key, record in writes.events.items():
-            if self._zdict is None:
-                self._zdict = (_VERDICT_WORDS + record.verdict)[-32_768:]
-            self.events[key] = Packed.pack(record, self._zdict)
+            if self._codec is None:
+                self._codec = Codec(_VERDICT_WORDS + record.verdict)
+            self.events[key] = Packed.pack(record, self._codec)
 
     async def _create(self) -> None:
         return None
@@ -88,24 +90,37 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 
 
+class Codec:
+    """A zstd compressor and decompressor sharing one raw-content dictionary."""
+
+    __slots__ = ("compress", "decompress")
+
+    def __init__(self, dictionary: bytes) -> None:
+        zdict = zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        self.compress = zstandard.ZstdCompressor(
+            level=1, dict_data=zdict, write_checksum=False, write_dict_id=False
+        ).compress
+        self.decompress = zstandard.ZstdDecompressor(dict_data=zdict).decompress
+
+
 class Packed(NamedTuple):
     """An idempotency record as the memory store keeps it."""
 
     version: int
     expires_at: int | None
     fields: bytes
-    zdict: bytes
+    codec: Codec
 
     @classmethod
-    def pack(cls, r: EventRecord, zdict: bytes) -> Packed:
-        packer = zlib.compressobj(1, zdict=zdict)
+    def pack(cls, r: EventRecord, codec: Codec) -> Packed:
         fields = (r.fingerprint, r.account_id, r.type, r.accepted, r.seq, r.verdict, r.amount)
         doc = _encode((*fields, r.currency, r.reversed, r.buckets, r.occurred))
-        return cls(r.version, r.expires_at, packer.compress(doc) + packer.flush(), zdict)
+        # zstd returns its worst-case-sized output buffer, shrunk only in its length
+        # field: ~1.3 KiB of heap per ~120-byte record. A copy holds just the bytes.
+        return cls(r.version, r.expires_at, bytes(memoryview(codec.compress(doc))), codec)
 
     def unpack(self) -> EventRecord:
-        unpacker = zlib.decompressobj(zdict=self.zdict)
-        f = _decode(unpacker.decompress(self.fields) + unpacker.flush())
+        f = _decode(self.codec.decompress(self.fields))
         return EventRecord(
             *(f[0], f[1], EventType(f[2]), f[3], f[4], f[5], f[6], f[7], f[8], tuple(f[9])),
             occurred=f[10],
