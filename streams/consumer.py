@@ -182,7 +182,8 @@ class VelocityConsumer:
         try:
             decided = time.perf_counter()
             results = await self._retrying("decide", lambda: self.engine.process(records))
-            self.metrics.decision_seconds.observe(time.perf_counter() - decided)
+            delivering = time.perf_counter()
+            self.metrics.decision_seconds.observe(delivering - decided)
             self._count_round_trips()
 
             def key_of(result: Result) -> bytes | None:
@@ -206,8 +207,17 @@ class VelocityConsumer:
         for tp in order:
             self._positions[tp] = offsets[tp]
         self.health.last_batch_at = time.monotonic()
-        self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        log.debug("batch committed", extra={"records": len(records), "offsets": _offsets(offsets)})
+        finished = time.perf_counter()
+        self.metrics.batch_seconds.observe(finished - started)
+        log.debug(
+            "batch committed",
+            extra={
+                "records": len(records),
+                "offsets": _offsets(offsets),
+                "decide_ms": round((delivering - decided) * 1000, 1),
+                "deliver_ms": round((finished - delivering) * 1000, 1),
+            },
+        )
 
     def _rewind(self, batch: Batch, why: BaseException) -> None:
         """Put the uncommitted batch back: partitions still ours are read again from it."""
