@@ -97,6 +97,7 @@ def register_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
     for hidden in (
         "--poll-timeout-ms",
+        "--fetch-max-wait-ms",
         "--session-timeout-ms",
         "--max-poll-interval-ms",
         "--retry-initial-ms",
@@ -157,6 +158,7 @@ def _consumer(settings: RunSettings) -> AIOKafkaConsumer:
         max_poll_interval_ms=settings.max_poll_interval_ms,
         request_timeout_ms=settings.kafka.request_timeout_ms,
         max_partition_fetch_bytes=4 * 1024 * 1024,
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
     )
 
 

@@ -76,6 +76,10 @@ class RunSettings:
     """Most records taken by one ``getmany``, decided and committed together."""
     poll_timeout_ms: int = 500
     """How long one ``getmany`` waits for records; bounds how late a stop is noticed."""
+    fetch_max_wait_ms: int = 50
+    """Longest a broker may hold a fetch that found no records. Apache Kafka answers as
+    soon as records arrive; a broker that does not (tansu) adds up to this much to an
+    event's latency, so it is kept well under the latency budget (Kafka's default: 500)."""
     session_timeout_ms: int = 10_000
     max_poll_interval_ms: int = 300_000
     retry_initial_ms: int = 200
@@ -210,6 +214,7 @@ def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunS
     for name in (
         "batch_size",
         "poll_timeout_ms",
+        "fetch_max_wait_ms",
         "partitions",
         "replication_factor",
         "retry_initial_ms",

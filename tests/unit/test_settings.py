@@ -33,6 +33,7 @@ def test_everything_can_come_from_the_environment() -> None:
                 "http_port": "9100",
                 "create_topics": "true",
                 "batch_size": "50",
+                "fetch_max_wait_ms": "20",
             }
         ),
     )
@@ -42,6 +43,7 @@ def test_everything_can_come_from_the_environment() -> None:
     assert settings.http_port == 9100
     assert settings.create_topics is True
     assert settings.batch_size == 50
+    assert settings.fetch_max_wait_ms == 20
     assert settings.store == "sqlite:///limitflow.db"
 
 
@@ -70,6 +72,7 @@ def test_missing_settings_name_flag_and_variable() -> None:
         ("guarantee", "twice"),
         ("batch_size", "0"),
         ("batch_size", "many"),
+        ("fetch_max_wait_ms", "0"),
         ("http_port", "70000"),
         ("create_topics", "perhaps"),
         ("bootstrap_servers", "no-port"),
