@@ -118,6 +118,10 @@ class Outcome(NamedTuple):
 
 
 _EMPTY: Final[tuple[Applied, ...]] = ()
+AMOUNT_CEILING: Final = 2**63 - 1
+"""A bucket's amount stops here (every store keeps 64-bit integers). Only a bucket of a
+rule without ``max_amount`` can get there (amounts have at most 15 digits, limits too),
+after ~9,000 payments of the largest amount; its ``used`` is then only explanatory."""
 _new_tuple: Final = tuple.__new__
 
 
@@ -277,6 +281,8 @@ class Decider:
                 else:  # the same work as state.bucket_for_update, without a call per rule
                     count += 1
                     used += amount
+                    if used > AMOUNT_CEILING:
+                        used = AMOUNT_CEILING
                     if bucket is None:
                         buckets[key] = Bucket(count, used, 0, a.period_end)
                     else:

@@ -11,6 +11,12 @@ from decimal import Decimal, InvalidOperation
 
 _PLAIN = re.compile(r"(\d{1,30})(?:\.(\d{1,30}))?")
 
+MAX_DIGITS = 15
+"""Most digits an amount may have in minor units: up to 9,999,999,999,999.99 CNY. Every
+store keeps amounts as 64-bit integers; with this bound no amount, limit or limited
+bucket comes near that, and an absurd amount is an invalid event instead of a crash."""
+MAX_MINOR = 10**MAX_DIGITS - 1
+
 
 class AmountError(ValueError):
     """The text is not a usable amount; the message says why."""
@@ -54,6 +60,10 @@ def to_minor(value: object, exponent: int, *, allow_zero: bool = False) -> int:
             minor = int(whole) * 10**exponent + (int(frac_trimmed.ljust(exponent, "0") or "0"))
             return _check_sign(minor, value, allow_zero)
     number = to_decimal(value)
+    if number < 0:
+        raise _not_positive(value, allow_zero)
+    if number and number.adjusted() + exponent >= MAX_DIGITS:  # before scaleb and int()
+        raise _too_large(value)
     scaled = number.scaleb(exponent)
     if scaled != scaled.to_integral_value():
         raise AmountError(f"{value!r} has more than {exponent} fraction digit(s) for this currency")
@@ -62,8 +72,18 @@ def to_minor(value: object, exponent: int, *, allow_zero: bool = False) -> int:
 
 def _check_sign(minor: int, value: object, allow_zero: bool) -> int:
     if minor < 0 or (minor == 0 and not allow_zero):
-        raise AmountError(f"{value!r} must be {'>= 0' if allow_zero else '> 0'}")
+        raise _not_positive(value, allow_zero)
+    if minor > MAX_MINOR:
+        raise _too_large(value)
     return minor
+
+
+def _not_positive(value: object, allow_zero: bool) -> AmountError:
+    return AmountError(f"{value!r} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def _too_large(value: object) -> AmountError:
+    return AmountError(f"{value!r} is too large: at most {MAX_DIGITS} digits in minor units")
 
 
 def format_minor(minor: int, exponent: int) -> str:

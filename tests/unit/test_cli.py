@@ -453,6 +453,18 @@ def test_sqlite_state_survives_between_runs(tmp_path: Path, replay: Replay) -> N
     assert verdicts[1]["violations"][0]["used"] == "2"
 
 
+def test_an_absurd_amount_is_a_dead_letter_not_a_store_crash(
+    tmp_path: Path, replay: Replay
+) -> None:
+    # 10^25 minor units: no store keeps it (SQLite raised OverflowError and the run died)
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    _, out, dead = replay([pay("huge", amount="99999999999999999999999.00"), pay("p1")], store)
+    assert [v["event_id"] for v in jsonl(out)] == ["p1"]
+    (letter,) = jsonl(dead)
+    assert (letter["error"], letter["event_id"]) == ("invalid_event", "huge")
+    assert "too large" in letter["detail"]
+
+
 def test_memory_state_is_gone_after_the_run(run_a: Run, replay: Replay) -> None:
     # run_a replayed FILE_A into memory:// already; a new run starts from nothing
     _, out, _ = replay([pay("p6"), pay("p1")], "memory://")

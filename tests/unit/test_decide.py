@@ -262,3 +262,21 @@ def test_reversal_after_its_buckets_expired_writes_no_bucket() -> None:
     assert {x["rule_id"]: x["amount_used"] for x in reversal["limits"]}["day"] == "0.00"
     # the expired buckets are left to expire, not rewritten without a period end
     assert {key: (b.version, b.expires_at) for key, b in store.buckets.items()} == before
+
+
+def test_an_unlimited_bucket_stops_at_the_64_bit_ceiling_instead_of_crashing_the_store() -> None:
+    from handlers.decide import AMOUNT_CEILING
+    from handlers.state import Bucket
+
+    rules = "rules:\n  - {id: n, window: lifetime, currency: USD, max_count: 1000000}\n"
+    store = MemoryStore()
+    store.buckets["n|lifetime|a1"] = Bucket(5, AMOUNT_CEILING - 10, 1, None)
+    first, second = run(
+        pay("e1", "9999999999999.99", currency="USD"),
+        pay("e2", "1.00", currency="USD"),
+        rules=rules,
+        store=store,
+    )
+    assert [first["decision"], second["decision"]] == ["accept", "accept"]
+    assert second["limits"][0]["count_used"] == 7
+    assert store.buckets["n|lifetime|a1"].amount == AMOUNT_CEILING

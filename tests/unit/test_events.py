@@ -543,3 +543,24 @@ def test_payment_resend_that_adds_original_event_id_is_not_the_same_payload() ->
     }
     changed = {**base, "original_event_id": "x"}
     assert parse_event(json.dumps(base)).fingerprint != parse_event(json.dumps(changed)).fingerprint
+
+
+@pytest.mark.parametrize(
+    ("currency", "amount"),
+    [
+        ("CNY", "10000000000000.00"),  # 16 digits in minor units
+        ("JPY", "1000000000000000"),
+        ("KWD", "1000000000000.000"),
+        ("USD", "99999999999999999999999.00"),
+        ("USD", "1e999999"),
+    ],
+)
+def test_amounts_beyond_15_digits_in_minor_units_are_invalid(currency: str, amount: str) -> None:
+    error = refused(payment(currency=currency, amount=amount))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert "too large" in error.detail
+
+
+def test_the_largest_amount_is_accepted() -> None:
+    assert parse(payment(currency="CNY", amount="9999999999999.99")).amount == 10**15 - 1
+    assert parse_event(with_amount_literal("999999999999999", "JPY")).amount == 10**15 - 1

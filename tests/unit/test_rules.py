@@ -379,3 +379,10 @@ def test_load_rules_refuses_an_invalid_file(tmp_path: Path) -> None:
 def test_host_clock_alias_is_not_an_iana_zone() -> None:
     with pytest.raises(RulesError, match=r"rule 'a': timezone: 'localtime'"):
         parse_rules("rules: [{id: a, window: day, max_count: 1, timezone: localtime}]")
+
+
+def test_a_limit_beyond_15_digits_in_minor_units_is_refused_by_name() -> None:
+    with pytest.raises(RulesError, match=r"rule 'r1': max_amount: .* too large"):
+        parse_rules(
+            'rules:\n  - {id: r1, window: day, currency: CNY, max_amount: "99999999999999999.00"}\n'
+        )
