@@ -49,6 +49,11 @@ class Retention:
     """Idempotency records (and so reversibility) last this long past the event time."""
 
 
+LATEST_EXPIRY = 253_402_214_400
+"""9999-12-31T00:00:00Z: no record expires later. Events may be dated up to 9999-12-30,
+and a date past year 9999 is beyond what MongoDB's driver (Python's datetime) holds."""
+
+
 @dataclass(frozen=True, slots=True)
 class Expected:
     """The ``expires_at`` of each bucket and event record of a commit, as it was read.
@@ -112,10 +117,12 @@ class Store(abc.ABC):
             bucket.expires_at = (
                 None
                 if bucket.period_end is None
-                else max(bucket.period_end, now) + self.retention.bucket_seconds
+                else min(max(bucket.period_end, now) + self.retention.bucket_seconds, LATEST_EXPIRY)
             )
         for record in writes.events.values():
-            record.expires_at = max(record.occurred, now) + self.retention.event_seconds
+            record.expires_at = min(
+                max(record.occurred, now) + self.retention.event_seconds, LATEST_EXPIRY
+            )
         await self._write(writes, expected)
 
     async def init(self) -> None:

@@ -193,6 +193,31 @@ async def test_expired_records_read_as_absent_and_can_be_replaced(store_url: str
         await later.close()
 
 
+async def test_events_at_the_edges_of_time_are_stored_and_decided_again(store_url: str) -> None:
+    # the last accepted event time plus 400 days of retention is past year 9999, which
+    # MongoDB's driver cannot hold: expiry stops at 9999-12-31 in every store
+    lines = [
+        json.dumps(
+            {
+                "event_id": f"edge-{n}",
+                "account_id": "a1",
+                "amount": "1.00",
+                "currency": "CNY",
+                "occurred_at": at,
+                "channel": "atm",
+            }
+        ).encode()
+        for n, at in enumerate(["9999-12-30T12:00:00Z", "0001-01-02T00:00:00Z"])
+    ]
+    store = await opened(store_url)
+    try:
+        first = await decide_all(store, lines, batch=10)
+        assert [kind for kind, _ in first] == ["verdict", "verdict"]
+        assert await decide_all(store, lines, batch=10) == first  # duplicates, from the store
+    finally:
+        await store.close()
+
+
 async def test_init_is_idempotent(store_url: str) -> None:
     store = await opened(store_url)
     try:
