@@ -1,20 +1,22 @@
 """In-process store: the reference backend, and the fastest for a one-off replay.
 
-Idempotency records are kept packed: their fields (the verdict, which explains every
-applicable limit and is most of what a replay holds, and the bucket keys) as one
-msgpack document, zstd-compressed against a dictionary of the verdict's field names.
-The dictionary ends with the first verdict the store keeps, so the rule ids, windows and
-limits of the workload compress too; each record holds (a reference to) the codec it was
-packed with. ``load`` unpacks the few records it is asked for. zstd with a prepared
-dictionary packs a record in ~2 µs; zlib spent ~12 µs setting its dictionary up again for
-every record.
+Records are kept packed, so that a replay of millions of events fits in memory. A bucket
+is 40 bytes, five 64-bit integers (a Bucket object with its integers took twice that).
+An idempotency record is its version and expiry, then its other fields (the verdict,
+which explains every applicable limit and is most of what a replay holds, and the
+bucket keys) as one msgpack document, zstd-compressed against a dictionary of the
+verdict's field names. The dictionary ends with the first verdict the store keeps, so
+the rule ids, windows and limits of the workload compress too. zstd with a prepared
+dictionary packs a record in ~2 µs (zlib spent ~12 µs setting its dictionary up again
+for every record). ``load`` unpacks the few records it is asked for.
 """
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from dataclasses import dataclass, field
 
 import msgspec
 import zstandard
@@ -26,55 +28,79 @@ from stores.base import Expected, Retention, Store
 
 
 class MemoryStore(Store):
-    """Dicts of records. Lost when the process ends."""
+    """Dicts of packed records. Lost when the process ends."""
 
     def __init__(
         self, retention: Retention | None = None, clock: Callable[[], float] = time.time
     ) -> None:
         super().__init__(retention, clock)
-        self.buckets: dict[str, Bucket] = {}
-        self.accounts: dict[str, Account] = {}
-        self.events: dict[str, Packed] = {}
-        self._codec: Codec | None = None
+        self.data = MemoryData()
+
+    def bucket(self, key: str) -> Bucket | None:
+        """The stored bucket ``key`` (a copy), or None."""
+        packed = self.data.buckets.get(key)
+        return None if packed is None else _unpack_bucket(packed)
+
+    def put_bucket(self, key: str, bucket: Bucket) -> None:
+        """Store ``bucket`` as it is, with no checks (for tests and tools)."""
+        self.data.buckets[key] = _pack_bucket(bucket)
 
     async def _read(self, keys: Keys) -> Snapshot:
         self.round_trips += 1
+        data = self.data
         snapshot = Snapshot()
         for key in keys.buckets:
-            if (bucket := self.buckets.get(key)) is not None:
-                snapshot.buckets[key] = bucket.copy()
+            if (packed := data.buckets.get(key)) is not None:
+                snapshot.buckets[key] = _unpack_bucket(packed)
         for key in keys.accounts:
-            if (account := self.accounts.get(key)) is not None:
+            if (account := data.accounts.get(key)) is not None:
                 snapshot.accounts[key] = account.copy()
-        for key in keys.events:
-            if (packed := self.events.get(key)) is not None:
-                snapshot.events[key] = packed.unpack()
+        if data.codec is not None:
+            for key in keys.events:
+                if (record := data.events.get(key)) is not None:
+                    snapshot.events[key] = data.codec.unpack(record)
         return snapshot
 
     async def _write(self, writes: Writes, expected: Expected) -> None:
         self.round_trips += 1
+        data = self.data
         # check everything before changing anything: all or nothing
         for key, account in writes.accounts.items():
-            _check(key, self.accounts.get(key), account.version)
+            stored = data.accounts.get(key)
+            _check(key, None if stored is None else (stored.version, None), account.version)
         for key, bucket in writes.buckets.items():
-            _check(key, self.buckets.get(key), bucket.version, expected.buckets[key])
+            packed = data.buckets.get(key)
+            held = None if packed is None else _BUCKET.unpack(packed)[2:5:2]
+            _check(key, held and _none(held), bucket.version, expected.buckets[key])
         for key, record in writes.events.items():
-            _check(key, self.events.get(key), record.version, expected.events[key])
-        # copies: the caller keeps changing its records after the commit
+            packed = data.events.get(key)
+            held = None if packed is None else _HEADER.unpack_from(packed)
+            _check(key, held and _none(held), record.version, expected.events[key])
         for key, bucket in writes.buckets.items():
-            self.buckets[key] = bucket.copy()
+            data.buckets[key] = _pack_bucket(bucket)
         for key, account in writes.accounts.items():
-            self.accounts[key] = account.copy()
+            data.accounts[key] = account.copy()  # the caller keeps changing its records
         for key, record in writes.events.items():
-            if self._codec is None:
-                self._codec = Codec(_VERDICT_WORDS + record.verdict)
-            self.events[key] = Packed.pack(record, self._codec)
+            if data.codec is None:
+                data.codec = Codec(_VERDICT_WORDS + record.verdict)
+            data.events[key] = data.codec.pack(record)
 
     async def _create(self) -> None:
         return None
 
     async def _verify(self) -> None:
         return None
+
+
+@dataclass(slots=True)
+class MemoryData:
+    """What a memory store holds; two stores given the same one see the same data."""
+
+    buckets: dict[str, bytes] = field(default_factory=dict)
+    accounts: dict[str, Account] = field(default_factory=dict)
+    events: dict[str, bytes] = field(default_factory=dict)
+    codec: Codec | None = None
+    """Made from the first event record stored."""
 
 
 _VERDICT_WORDS = (
@@ -88,10 +114,42 @@ _VERDICT_WORDS = (
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
+_NONE = -(2**63)
+"""None in a packed integer field (every real value is larger)."""
+_BUCKET = struct.Struct("<5q")
+"""count, amount, version, period_end, expires_at"""
+_HEADER = struct.Struct("<2q")
+"""version, expires_at: the start of a packed event record"""
+
+
+def _pack_bucket(b: Bucket) -> bytes:
+    return _BUCKET.pack(
+        b.count,
+        b.amount,
+        b.version,
+        _NONE if b.period_end is None else b.period_end,
+        _NONE if b.expires_at is None else b.expires_at,
+    )
+
+
+def _unpack_bucket(packed: bytes) -> Bucket:
+    count, amount, version, period_end, expires_at = _BUCKET.unpack(packed)
+    return Bucket(
+        count,
+        amount,
+        version,
+        None if period_end == _NONE else period_end,
+        None if expires_at == _NONE else expires_at,
+    )
+
+
+def _none(held: tuple[int, int]) -> tuple[int, int | None]:
+    """(version, expires_at) with the packed None turned back."""
+    return held[0], None if held[1] == _NONE else held[1]
 
 
 class Codec:
-    """A zstd compressor and decompressor sharing one raw-content dictionary."""
+    """Packs event records: a header, then zstd against a raw-content dictionary."""
 
     __slots__ = ("compress", "decompress")
 
@@ -102,46 +160,34 @@ class Codec:
         ).compress
         self.decompress = zstandard.ZstdDecompressor(dict_data=zdict).decompress
 
-
-class Packed(NamedTuple):
-    """An idempotency record as the memory store keeps it."""
-
-    version: int
-    expires_at: int | None
-    fields: bytes
-    codec: Codec
-
-    @classmethod
-    def pack(cls, r: EventRecord, codec: Codec) -> Packed:
+    def pack(self, r: EventRecord) -> bytes:
         fields = (r.fingerprint, r.account_id, r.type, r.accepted, r.seq, r.verdict, r.amount)
         doc = _encode((*fields, r.currency, r.reversed, r.buckets, r.occurred))
+        expires_at = _NONE if r.expires_at is None else r.expires_at
         # zstd returns its worst-case-sized output buffer, shrunk only in its length
-        # field: ~1.3 KiB of heap per ~120-byte record. A copy holds just the bytes.
-        return cls(r.version, r.expires_at, bytes(memoryview(codec.compress(doc))), codec)
+        # field (~1.3 KiB of heap per ~120-byte record); the join copies just the bytes
+        return b"".join((_HEADER.pack(r.version, expires_at), self.compress(doc)))
 
-    def unpack(self) -> EventRecord:
-        f = _decode(self.codec.decompress(self.fields))
+    def unpack(self, packed: bytes) -> EventRecord:
+        version, expires_at = _none(_HEADER.unpack_from(packed))
+        f = _decode(self.decompress(memoryview(packed)[_HEADER.size :]))
         return EventRecord(
             *(f[0], f[1], EventType(f[2]), f[3], f[4], f[5], f[6], f[7], f[8], tuple(f[9])),
             occurred=f[10],
-            version=self.version,
-            expires_at=self.expires_at,
+            version=version,
+            expires_at=expires_at,
         )
 
 
 def _check(
-    key: str,
-    stored: Bucket | Account | Packed | None,
-    version: int,
-    expires_at: int | None = None,
+    key: str, stored: tuple[int, int | None] | None, version: int, expires_at: int | None = None
 ) -> None:
-    """Raise ``ConflictError`` unless ``stored`` is the record a write of ``version``
-    replaces: none for version 1, else version - 1 with the expiry read."""
+    """Raise ``ConflictError`` unless ``stored`` (its version and expiry, None when
+    absent) is the record a write of ``version`` replaces: none for version 1, else
+    version - 1 with the expiry read (accounts never expire: None on both sides)."""
     if stored is None:
         if version == 1:
             return
-    elif stored.version == version - 1 and (
-        isinstance(stored, Account) or stored.expires_at == expires_at
-    ):
+    elif stored == (version - 1, expires_at):
         return
     raise ConflictError(f"{key!r} changed since it was read")

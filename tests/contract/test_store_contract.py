@@ -249,18 +249,14 @@ async def handles(url: str, *clocks: float) -> list[Store]:
     first = stores[0]
     for other in stores[1:]:
         if isinstance(first, MemoryStore) and isinstance(other, MemoryStore):
-            other.buckets, other.accounts, other.events = (
-                first.buckets,
-                first.accounts,
-                first.events,
-            )
+            other.data = first.data
     return stores
 
 
 async def purge(store: Store, bucket: str, event: str) -> None:
     """Delete a bucket and an event record behind every writer's back (TTL deletion)."""
     if isinstance(store, MemoryStore):
-        del store.buckets[bucket], store.events[event]
+        del store.data.buckets[bucket], store.data.events[event]
     elif isinstance(store, SqliteStore):
         with closing(sqlite3.connect(store.path, isolation_level=None)) as db:
             db.execute("DELETE FROM buckets WHERE key = ?", (bucket,))

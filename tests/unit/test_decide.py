@@ -246,22 +246,28 @@ def test_reversal_after_a_rule_was_removed_still_releases_its_bucket() -> None:
     (reversal,) = run(reverse("r1", "p1"), rules=without_merchant_rule, store=store)
     assert reversal["decision"] == "accept"
     assert [x["rule_id"] for x in reversal["limits"]] == ["day"]
-    released = store.buckets["merchant|2026-03-14T02|m1"]
+    released = store.bucket("merchant|2026-03-14T02|m1")
+    assert released is not None
     assert (released.count, released.amount) == (0, 0)
+
+
+def expiries(store: MemoryStore) -> dict[str, tuple[int, int | None]]:
+    buckets = {key: store.bucket(key) for key in store.data.buckets}
+    return {key: (b.version, b.expires_at) for key, b in buckets.items() if b is not None}
 
 
 def test_reversal_after_its_buckets_expired_writes_no_bucket() -> None:
     now = [datetime(2026, 3, 14, 4, tzinfo=UTC).timestamp()]
     store = MemoryStore(clock=lambda: now[0])
     run(pay("p1", "60.00", merchant_id="m1"), store=store)
-    before = {key: (b.version, b.expires_at) for key, b in store.buckets.items()}
+    before = expiries(store)
     assert all(expires is not None for _, expires in before.values())
     now[0] += 90 * 86400  # past the buckets' retention, within the event record's
     (reversal,) = run(reverse("r1", "p1"), store=store)
     assert reversal["decision"] == "accept"
     assert {x["rule_id"]: x["amount_used"] for x in reversal["limits"]}["day"] == "0.00"
     # the expired buckets are left to expire, not rewritten without a period end
-    assert {key: (b.version, b.expires_at) for key, b in store.buckets.items()} == before
+    assert expiries(store) == before
 
 
 def test_an_unlimited_bucket_stops_at_the_64_bit_ceiling_instead_of_crashing_the_store() -> None:
@@ -270,7 +276,7 @@ def test_an_unlimited_bucket_stops_at_the_64_bit_ceiling_instead_of_crashing_the
 
     rules = "rules:\n  - {id: n, window: lifetime, currency: USD, max_count: 1000000}\n"
     store = MemoryStore()
-    store.buckets["n|lifetime|a1"] = Bucket(5, AMOUNT_CEILING - 10, 1, None)
+    store.put_bucket("n|lifetime|a1", Bucket(5, AMOUNT_CEILING - 10, 1, None))
     first, second = run(
         pay("e1", "9999999999999.99", currency="USD"),
         pay("e2", "1.00", currency="USD"),
@@ -279,4 +285,5 @@ def test_an_unlimited_bucket_stops_at_the_64_bit_ceiling_instead_of_crashing_the
     )
     assert [first["decision"], second["decision"]] == ["accept", "accept"]
     assert second["limits"][0]["count_used"] == 7
-    assert store.buckets["n|lifetime|a1"].amount == AMOUNT_CEILING
+    stored = store.bucket("n|lifetime|a1")
+    assert stored is not None and stored.amount == AMOUNT_CEILING
