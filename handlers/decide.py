@@ -118,6 +118,11 @@ class Outcome(NamedTuple):
 
 
 _EMPTY: Final[tuple[Applied, ...]] = ()
+MAX_KEY_BYTES: Final = 1024
+"""Longest bucket key, UTF-8 (DynamoDB refuses partition keys over 2,048 bytes): an event
+whose scope values make a longer one is invalid, not a store error on every retry."""
+_SHORT_KEY: Final = MAX_KEY_BYTES // 4
+"""Keys of at most this many characters are short enough in any encoding."""
 AMOUNT_CEILING: Final = 2**63 - 1
 """A bucket's amount stops here (every store keeps 64-bit integers). Only a bucket of a
 rule without ``max_amount`` can get there (amounts have at most 15 digits, limits too),
@@ -142,7 +147,8 @@ class Decider:
     def plan(self, event: Event) -> tuple[Applied, ...]:
         """The rules that apply to a payment, with its bucket for each.
 
-        Raises ``EventRejected`` when a field a rule scopes by is not a scalar.
+        Raises ``EventRejected`` when a field a rule scopes by is not a scalar, or makes
+        the bucket key longer than ``MAX_KEY_BYTES``.
         """
         if event.type is not EventType.PAYMENT:
             return _EMPTY
@@ -176,6 +182,12 @@ class Decider:
             else:
                 end = None if c.span is None else event.epoch + c.span
                 key = c.prefix + period + "|" + "|".join([escape(v) for v in values])
+                if len(key) > _SHORT_KEY and len(key.encode()) > MAX_KEY_BYTES:
+                    raise EventRejected(
+                        DeadLetterError.INVALID_EVENT,
+                        f"{', '.join(c.scope)}: too long to count under rule {c.rule.id!r}"
+                        f" (a bucket key has at most {MAX_KEY_BYTES} bytes)",
+                    )
                 applied.append(_new_tuple(Applied, (c, period, key, end)))
         return tuple(applied)
 

@@ -218,6 +218,31 @@ async def test_events_at_the_edges_of_time_are_stored_and_decided_again(store_ur
         await store.close()
 
 
+async def test_a_scope_value_too_long_for_a_key_is_a_dead_letter_everywhere(
+    store_url: str,
+) -> None:
+    # 2,500 bytes: DynamoDB refuses keys over 2,048, which stopped `run` on every retry
+    payment = {
+        "event_id": "long",
+        "account_id": "a1",
+        "amount": "1.00",
+        "currency": "CNY",
+        "occurred_at": "2026-03-14T10:00:00Z",
+        "merchant_id": "m" * 2500,
+    }
+    lines = [
+        json.dumps(payment).encode(),
+        json.dumps({**payment, "event_id": "ok", "merchant_id": "m1"}).encode(),
+    ]
+    store = await opened(store_url)
+    try:
+        out = await decide_all(store, lines, batch=10)
+        assert [kind for kind, _ in out] == ["dead", "verdict"]
+        assert out[0][1] == b"invalid_event"
+    finally:
+        await store.close()
+
+
 async def test_init_is_idempotent(store_url: str) -> None:
     store = await opened(store_url)
     try:

@@ -287,3 +287,13 @@ def test_an_unlimited_bucket_stops_at_the_64_bit_ceiling_instead_of_crashing_the
     assert second["limits"][0]["count_used"] == 7
     stored = store.bucket("n|lifetime|a1")
     assert stored is not None and stored.amount == AMOUNT_CEILING
+
+
+def test_a_scope_value_too_long_to_key_a_bucket_is_dead_lettered() -> None:
+    long_merchant = "m" * 600 + "é" * 300  # 1,200 bytes in UTF-8
+    dead, ok = run(
+        pay("p1", "10.00", merchant_id=long_merchant),
+        pay("p2", "10.00", merchant_id="m" * 900),  # ASCII: 900 bytes, still fits
+    )
+    assert dead == ("dead", "invalid_event")
+    assert ok["decision"] == "accept"
