@@ -56,6 +56,7 @@ def _kafka_options(parser: argparse.ArgumentParser) -> None:
     )
     add("--client-id", help=argparse.SUPPRESS)
     add("--request-timeout-ms", type=int, help=argparse.SUPPRESS)
+    add("--max-message-bytes", type=int, help=argparse.SUPPRESS)
 
 
 def register_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -43,6 +43,10 @@ class KafkaSettings:
     client_id: str = "limitflow"
     request_timeout_ms: int = 30_000
     """Per request to a broker; a slower broker counts as unavailable and is retried."""
+    max_message_bytes: int = 1_000_000
+    """Largest record limitflow publishes (Kafka's default ``message.max.bytes`` is
+    1,048,588). A dead letter that would be larger names its original record by size
+    and SHA-256 instead of repeating it; the record stays at its topic/partition/offset."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +227,7 @@ def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunS
     ):
         _positive(name, getattr(settings, name))
     _positive("shutdown_grace_ms", settings.shutdown_grace_ms, zero_ok=True)
+    _positive("max_message_bytes", kafka.max_message_bytes)
     if not 0 <= settings.http_port <= 65_535:
         raise ConfigError(f"http_port ({env_name('http_port')}) must be 0..65535")
     if settings.log_format not in ("json", "text"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import enum
+import hashlib
 from typing import Final
 
 import msgspec
@@ -96,6 +97,10 @@ class DeadLetter(msgspec.Struct, frozen=True, omit_defaults=True):
     """Where it came from: ``{"line": N}`` or ``{"topic", "partition", "offset"}``."""
     event_id: str | None = None
     raw_base64: str | None = None
+    raw_size: int | None = None
+    """Set, with ``raw_sha256`` and without ``raw``, when the original record was too
+    large to repeat within one output message; it stays at ``source``."""
+    raw_sha256: str | None = None
 
 
 verdict_encoder: Final = msgspec.json.Encoder()
@@ -115,3 +120,25 @@ def dead_letter(
         return DeadLetter(
             error, detail, None, source, event_id, base64.b64encode(raw).decode("ascii")
         )
+
+
+def encode_dead_letter(letter: DeadLetter, raw: bytes, max_bytes: int | None = None) -> bytes:
+    """``letter`` as JSON; over ``max_bytes`` (a message size limit), without the raw
+    record, which a broker would refuse on every retry."""
+    value = verdict_encoder.encode(letter)
+    if max_bytes is not None and len(value) > max_bytes:
+        value = verdict_encoder.encode(without_raw(letter, raw))
+    return value
+
+
+def without_raw(letter: DeadLetter, raw: bytes) -> DeadLetter:
+    """``letter`` naming its original record by size and SHA-256 instead of holding it."""
+    return msgspec.structs.replace(
+        letter,
+        detail=f"{letter.detail} (the original record, {len(raw):,} bytes, is too large"
+        " to repeat in this message: read it at its source)",
+        raw=None,
+        raw_base64=None,
+        raw_size=len(raw),
+        raw_sha256=hashlib.sha256(raw).hexdigest(),
+    )

@@ -43,7 +43,7 @@ from handlers.decide import Decider, OutcomeKind
 from limitflow.errors import ConfigError, LimitflowError
 from limitflow.settings import DEFAULT_STORE, check_topics, load_env_settings
 from schemas.rules import RulesError, RuleSet, load_rules
-from schemas.verdicts import dead_letter, verdict_encoder
+from schemas.verdicts import dead_letter, encode_dead_letter
 from stores.base import Store
 from streams.engine import Engine, Record, Result
 
@@ -66,6 +66,8 @@ class FaustSettings:
     store: str = DEFAULT_STORE
     batch_size: int = 2_000
     """Most events one ``noack_take`` batch holds."""
+    max_message_bytes: int = 1_000_000
+    """As for ``limitflow run``: a larger dead letter names its record instead of holding it."""
     batch_wait_ms: int = 20
     """How long a batch waits to fill before it is processed anyway (bounds latency)."""
     partitions: int = 6
@@ -121,9 +123,8 @@ def outgoing(results: Sequence[Result], settings: FaustSettings) -> list[Outgoin
             headers = [("error", str(result.error).encode())]
             if result.event_id is not None:
                 headers.append(("event_id", result.event_id.encode()))
-            out.append(
-                Outgoing(settings.dead_letter_topic, None, verdict_encoder.encode(letter), headers)
-            )
+            value = encode_dead_letter(letter, result.record.raw, settings.max_message_bytes)
+            out.append(Outgoing(settings.dead_letter_topic, None, value, headers))
         else:
             assert result.verdict is not None and result.account_id is not None
             assert result.event_id is not None

@@ -22,7 +22,7 @@ from aiokafka.partitioner import DefaultPartitioner  # type: ignore[import-untyp
 from handlers.decide import OutcomeKind
 from limitflow.errors import BrokerRejected, BrokerUnavailable, PartitionLost
 from limitflow.settings import KafkaSettings
-from schemas.verdicts import dead_letter, verdict_encoder
+from schemas.verdicts import dead_letter, encode_dead_letter
 from streams.engine import Result
 
 log = logging.getLogger("limitflow.output")
@@ -70,9 +70,8 @@ def messages(
                 result.error, result.detail, result.record.raw, src, result.event_id
             )
             headers.append(("error", result.error.value.encode()))
-            yield Message(
-                settings.dead_letter_topic, key_of(result), verdict_encoder.encode(letter), headers
-            )
+            value = encode_dead_letter(letter, result.record.raw, settings.max_message_bytes)
+            yield Message(settings.dead_letter_topic, key_of(result), value, headers)
         else:
             assert result.verdict is not None and result.account_id is not None
             yield Message(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -748,5 +749,41 @@ async def test_exactly_once_survives_kill_9_mid_transaction(noida: Any, tmp_path
         committed = await read_topic(s.bootstrap, s.topics[1], isolation="read_committed")
         # what a read_uncommitted reader sees beyond that is aborted or replayed work
         assert len(uncommitted.records) >= len(committed.records)
+    finally:
+        s.kill_all()
+
+
+async def test_a_dead_letter_larger_than_a_kafka_message_does_not_stop_run(
+    noida: Any, tmp_path: Path
+) -> None:
+    # noida refuses records over ~1 MB, as Apache Kafka does (tansu takes any size).
+    # 900 KB of quotes fits as input and is ~1.8 MB once JSON-escaped into `raw`:
+    # refused on every retry, that dead letter stopped `limitflow run`.
+    s = Setup(noida.bootstrap_servers, tmp_path, f"huge-{random.randrange(10**6)}")
+    s.create_topics()
+    try:
+        huge = b'"' * 900_000
+        ok = json.dumps(
+            {
+                "event_id": "after-huge",
+                "account_id": "a1",
+                "amount": "1.00",
+                "currency": "CNY",
+                "occurred_at": "2026-03-14T10:00:00Z",
+            }
+        ).encode()
+        sources = await produce(s.bootstrap, s.topics[0], [huge, ok])
+        proc = s.run()
+        verdicts = await read_topic(s.bootstrap, s.topics[1], until=1)
+        letters = await read_topic(s.bootstrap, s.topics[2], until=1)
+        assert proc.poll() is None, s.log(0)[-3000:]
+        assert list(verdicts.by_source) == [sources[1]]
+        (letter,) = letters.by_source[sources[0]]
+        doc = json.loads(letter)
+        assert doc["error"] == "invalid_json" and "too large to repeat" in doc["detail"]
+        assert "raw" not in doc or doc["raw"] is None
+        assert (doc["raw_size"], doc["raw_sha256"]) == (len(huge), hashlib.sha256(huge).hexdigest())
+        assert doc["source"]["offset"] == int(sources[0].rsplit(":", 1)[1])
+        assert s.stop(proc) == 0
     finally:
         s.kill_all()

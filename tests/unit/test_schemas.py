@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from pathlib import Path
 
@@ -11,9 +12,10 @@ import pytest
 import yaml
 
 from handlers.decide import Decider, OutcomeKind
+from schemas.events import DeadLetterError
 from schemas.generate import MODELS, OUT, render
 from schemas.rules import load_rules
-from schemas.verdicts import dead_letter, verdict_encoder
+from schemas.verdicts import dead_letter, encode_dead_letter, verdict_encoder
 from stores.memory import MemoryStore
 from streams.engine import Engine, Record
 
@@ -63,3 +65,17 @@ def test_event_schema_refuses_a_naive_time() -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**event, "occurred_at": "2026-03-14 14:20:00"}, schema("event"))
     jsonschema.validate({**event, "occurred_at": "2026-03-14T14:20:00+08:00"}, schema("event"))
+
+
+def test_a_dead_letter_over_the_message_limit_names_its_record_instead() -> None:
+    raw = b'{"event_id": "e1", ' + b"x" * 5_000
+    source: dict[str, str | int] = {"topic": "t", "partition": 0, "offset": 7}
+    letter = dead_letter(DeadLetterError.INVALID_JSON, "not valid JSON", raw, source, "e1")
+    whole = json.loads(encode_dead_letter(letter, raw, max_bytes=10_000))
+    assert whole["raw"] == raw.decode() and "raw_size" not in whole
+    small = json.loads(encode_dead_letter(letter, raw, max_bytes=1_000))
+    assert small["raw"] is None and "raw_base64" not in small
+    assert (small["raw_size"], small["raw_sha256"]) == (len(raw), hashlib.sha256(raw).hexdigest())
+    assert small["error"] == "invalid_json" and small["source"] == source
+    assert small["event_id"] == "e1" and "too large to repeat" in small["detail"]
+    jsonschema.validate(small, schema("dead_letter"))
