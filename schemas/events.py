@@ -101,15 +101,20 @@ _decoder: Final = msgspec.json.Decoder(float_hook=Decimal)
 _fingerprint_encoder: Final = msgspec.json.Encoder(order="sorted", decimal_format="number")
 
 
+MAX_ID_CHARS: Final = 128
+"""Longest ``event_id``, ``account_id`` or ``original_event_id``."""
+
+
 def _id(doc: dict[str, Any], name: str, *, required: bool = True) -> str | None:
     value = doc.get(name)
     if value is None:
         if required:
             raise EventRejected(DeadLetterError.INVALID_EVENT, f"{name}: is required")
         return None
-    if not isinstance(value, str) or not 1 <= len(value) <= 128:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_ID_CHARS:
         raise EventRejected(
-            DeadLetterError.INVALID_EVENT, f"{name}: must be a string of 1 to 128 characters"
+            DeadLetterError.INVALID_EVENT,
+            f"{name}: must be a string of 1 to {MAX_ID_CHARS} characters",
         )
     return value
 

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from handlers.decide import Applied, Decider, Outcome, OutcomeKind
 from handlers.state import WorkingState
 from limitflow.errors import ConflictError
-from schemas.events import DeadLetterError, Event, EventRejected, decode_json, parse_event
+from schemas.events import (
+    MAX_ID_CHARS,
+    DeadLetterError,
+    Event,
+    EventRejected,
+    decode_json,
+    parse_event,
+)
 from schemas.verdicts import Decision, Reason
 from stores.base import Store
 
@@ -167,10 +174,11 @@ class Engine:
 
 
 def _event_id_hint(raw: bytes) -> str | None:
-    """The event_id of a rejected record when it can be read, to help tracing."""
+    """The event_id of a rejected record when it can be read and is a valid one, to help
+    tracing (an overlong one would be repeated in the dead letter and its header)."""
     try:
         doc = decode_json(raw)
     except EventRejected:
         return None
     value = doc.get("event_id") if isinstance(doc, dict) else None
-    return value if isinstance(value, str) else None
+    return value if isinstance(value, str) and 1 <= len(value) <= MAX_ID_CHARS else None

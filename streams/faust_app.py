@@ -43,9 +43,10 @@ from handlers.decide import Decider, OutcomeKind
 from limitflow.errors import ConfigError, LimitflowError
 from limitflow.settings import DEFAULT_STORE, check_topics, load_env_settings
 from schemas.rules import RulesError, RuleSet, load_rules
-from schemas.verdicts import dead_letter, encode_dead_letter
+from schemas.verdicts import dead_letter
 from stores.base import Store
 from streams.engine import Engine, Record, Result
+from streams.output import fitted_dead_letter
 
 log = logging.getLogger("limitflow.faust")
 
@@ -123,7 +124,9 @@ def outgoing(results: Sequence[Result], settings: FaustSettings) -> list[Outgoin
             headers = [("error", str(result.error).encode())]
             if result.event_id is not None:
                 headers.append(("event_id", result.event_id.encode()))
-            value = encode_dead_letter(letter, result.record.raw, settings.max_message_bytes)
+            _, value = fitted_dead_letter(
+                letter, result.record.raw, None, headers, settings.max_message_bytes
+            )
             out.append(Outgoing(settings.dead_letter_topic, None, value, headers))
         else:
             assert result.verdict is not None and result.account_id is not None

@@ -22,7 +22,7 @@ from aiokafka.partitioner import DefaultPartitioner  # type: ignore[import-untyp
 from handlers.decide import OutcomeKind
 from limitflow.errors import BrokerRejected, BrokerUnavailable, PartitionLost
 from limitflow.settings import KafkaSettings
-from schemas.verdicts import dead_letter, encode_dead_letter
+from schemas.verdicts import DeadLetter, dead_letter, encode_dead_letter
 from streams.engine import Result
 
 log = logging.getLogger("limitflow.output")
@@ -41,6 +41,10 @@ _STOP_TIMEOUT = 10.0
 _partitioner = DefaultPartitioner()
 
 
+_RECORD_OVERHEAD = 1024
+"""Bytes left for a record's framing within ``max_message_bytes`` (generous)."""
+
+
 class Message(NamedTuple):
     """One record to publish."""
 
@@ -56,7 +60,9 @@ def messages(
     """The verdict or dead letter of each result, in order.
 
     Verdicts are keyed by ``account_id`` (one account's verdicts share an output
-    partition, in input order); dead letters keep the input record's key. Headers:
+    partition, in input order); dead letters keep the input record's key (unless it
+    takes over half of ``max_message_bytes``), and fit within it with their key and
+    headers (see ``encode_dead_letter``). Headers:
     ``event_id`` when known, and ``source`` = ``topic:partition:offset`` of the input.
     """
     for result in results:
@@ -70,13 +76,34 @@ def messages(
                 result.error, result.detail, result.record.raw, src, result.event_id
             )
             headers.append(("error", result.error.value.encode()))
-            value = encode_dead_letter(letter, result.record.raw, settings.max_message_bytes)
-            yield Message(settings.dead_letter_topic, key_of(result), value, headers)
+            key, value = fitted_dead_letter(
+                letter, result.record.raw, key_of(result), headers, settings.max_message_bytes
+            )
+            yield Message(settings.dead_letter_topic, key, value, headers)
         else:
             assert result.verdict is not None and result.account_id is not None
             yield Message(
                 settings.output_topic, result.account_id.encode(), result.verdict, headers
             )
+
+
+def fitted_dead_letter(
+    letter: DeadLetter,
+    raw: bytes,
+    key: bytes | None,
+    headers: Sequence[tuple[str, bytes]],
+    max_bytes: int,
+) -> tuple[bytes | None, bytes]:
+    """(key, value) of a dead letter record that fits in ``max_bytes`` with its headers.
+
+    Without the raw record if need be (``encode_dead_letter``), and unkeyed if the input
+    key alone takes over half the room: a broker refuses a larger record on every retry.
+    """
+    if key is not None and len(key) > max_bytes // 2:
+        key = None
+    room = max_bytes - _RECORD_OVERHEAD - len(key or b"")
+    room -= sum(len(name) + len(data) for name, data in headers)
+    return key, encode_dead_letter(letter, raw, room)
 
 
 def translate(exc: BaseException) -> BaseException:

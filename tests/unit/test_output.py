@@ -4,12 +4,13 @@ The producer here is a recorder around aiokafka's real ``BatchBuilder``; the bro
 is covered by tests/integration/test_kafka_run.py. What is checked is the one thing a
 broker test only catches by luck: a partition's next record batch is queued only after
 the previous one is acknowledged, and a failure is raised only once nothing else of the
-attempt is still in flight.
+attempt is still in flight. Also: a dead letter record fits the broker's message limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -118,3 +119,46 @@ async def test_one_key_stays_on_one_partition_in_order() -> None:
     for partition, values, _ in producer.queued:
         expected = [m.value for m in batch if by_key[m.value[:1]] == {partition}]
         assert values == expected
+
+
+def test_a_dead_letter_record_fits_the_message_limit_with_its_key_and_headers() -> None:
+    from handlers.decide import OutcomeKind
+    from limitflow.settings import KafkaSettings
+    from schemas.events import DeadLetterError
+    from streams.engine import Record, Result
+    from streams.output import messages
+
+    settings = KafkaSettings("h:1", "in", "out", "dead", max_message_bytes=4_000)
+    source: dict[str, str | int] = {"topic": "in", "partition": 0, "offset": 3}
+    raw = b"{" + b"x" * 1_000
+    result = Result(
+        Record(raw, source),
+        OutcomeKind.DEAD_LETTER,
+        error=DeadLetterError.INVALID_JSON,
+        detail="not valid JSON",
+    )
+
+    def size(m: Message) -> int:
+        return len(m.key or b"") + len(m.value) + sum(len(n) + len(v) for n, v in m.headers)
+
+    (whole,) = messages([result], settings, lambda _: b"k" * 100)
+    assert json.loads(whole.value)["raw"] == raw.decode() and whole.key == b"k" * 100
+    (keyed,) = messages([result], settings, lambda _: b"k" * 1_900)  # raw no longer fits
+    assert json.loads(keyed.value)["raw"] is None and keyed.key == b"k" * 1_900
+    assert size(keyed) <= 4_000
+    (unkeyed,) = messages([result], settings, lambda _: b"k" * 2_500)  # over half the room
+    assert unkeyed.key is None and size(unkeyed) <= 4_000
+
+
+def test_an_overlong_event_id_is_not_repeated_in_the_dead_letter() -> None:
+    from handlers.decide import Decider
+    from schemas.rules import parse_rules
+    from stores.memory import MemoryStore
+    from streams.engine import Engine, Record
+
+    engine = Engine(
+        Decider(parse_rules("rules:\n  - {id: r, window: day, max_count: 1}\n")), MemoryStore()
+    )
+    raw = json.dumps({"event_id": "e" * 129, "account_id": "a"}).encode()
+    (result,) = asyncio.run(engine.process([Record(raw, {"line": 1})]))
+    assert result.error is not None and result.event_id is None
