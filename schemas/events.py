@@ -11,7 +11,7 @@ import enum
 import hashlib
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, TypeGuard
 
 import msgspec
 
@@ -105,13 +105,18 @@ MAX_ID_CHARS: Final = 128
 """Longest ``event_id``, ``account_id`` or ``original_event_id``."""
 
 
+def is_id(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a usable ``event_id``/``account_id``: 1 to 128 characters."""
+    return isinstance(value, str) and 1 <= len(value) <= MAX_ID_CHARS
+
+
 def _id(doc: dict[str, Any], name: str, *, required: bool = True) -> str | None:
     value = doc.get(name)
     if value is None:
         if required:
             raise EventRejected(DeadLetterError.INVALID_EVENT, f"{name}: is required")
         return None
-    if not isinstance(value, str) or not 1 <= len(value) <= MAX_ID_CHARS:
+    if not is_id(value):
         raise EventRejected(
             DeadLetterError.INVALID_EVENT,
             f"{name}: must be a string of 1 to {MAX_ID_CHARS} characters",

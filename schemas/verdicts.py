@@ -122,11 +122,11 @@ def dead_letter(
         )
 
 
-def encode_dead_letter(letter: DeadLetter, raw: bytes, max_bytes: int | None = None) -> bytes:
+def encode_dead_letter(letter: DeadLetter, raw: bytes, max_bytes: int) -> bytes:
     """``letter`` as JSON; over ``max_bytes`` (a message size limit), without the raw
     record, which a broker would refuse on every retry."""
     value = verdict_encoder.encode(letter)
-    if max_bytes is not None and len(value) > max_bytes:
+    if len(value) > max_bytes:
         value = verdict_encoder.encode(without_raw(letter, raw))
     return value
 

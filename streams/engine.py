@@ -19,14 +19,7 @@ from dataclasses import dataclass, field
 from handlers.decide import Applied, Decider, Outcome, OutcomeKind
 from handlers.state import WorkingState
 from limitflow.errors import ConflictError
-from schemas.events import (
-    MAX_ID_CHARS,
-    DeadLetterError,
-    Event,
-    EventRejected,
-    decode_json,
-    parse_event,
-)
+from schemas.events import DeadLetterError, Event, EventRejected, decode_json, is_id, parse_event
 from schemas.verdicts import Decision, Reason
 from stores.base import Store
 
@@ -181,4 +174,4 @@ def _event_id_hint(raw: bytes) -> str | None:
     except EventRejected:
         return None
     value = doc.get("event_id") if isinstance(doc, dict) else None
-    return value if isinstance(value, str) and 1 <= len(value) <= MAX_ID_CHARS else None
+    return value if is_id(value) else None
