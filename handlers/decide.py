@@ -127,6 +127,12 @@ AMOUNT_CEILING: Final = 2**63 - 1
 """A bucket's amount stops here (every store keeps 64-bit integers). Only a bucket of a
 rule without ``max_amount`` can get there (amounts have at most 15 digits, limits too),
 after ~9,000 payments of the largest amount; its ``used`` is then only explanatory."""
+MAX_APPLICABLE_RULES: Final = 200
+"""Most rules that may apply to one event. Its verdict explains each (up to ~650 bytes
+with a 64-character rule id and two violations) and its idempotency record keeps each
+bucket key (up to ``MAX_KEY_BYTES``): 200 keep the verdict far inside one Kafka message
+and the record inside a DynamoDB item (400 KB). A store may allow fewer
+(``Decider.records_needed`` against ``Store.max_records_per_commit``)."""
 _new_tuple: Final = tuple.__new__
 
 
@@ -139,8 +145,6 @@ class Decider:
         self._by_id = {c.rule.id: c for c in self._compiled}
         self._by_currency: dict[str, tuple[_CompiledRule, ...]] = {}
         """Rules that can apply to events of a currency, filled on first sight."""
-        self.max_records_per_event = len(self._compiled) + 3
-        """Upper bound of records one event changes: its buckets, account, record, original."""
 
     # -- planning -------------------------------------------------------------------------
 
@@ -204,6 +208,15 @@ class Decider:
                 if a.key is not None:
                     keys.buckets.add(a.key)
         return keys
+
+    @staticmethod
+    def records_needed(event: Event, plan: tuple[Applied, ...], state: WorkingState) -> int:
+        """Upper bound of the records deciding ``event`` changes: its buckets (a reversal:
+        its original's), its account sequence, its own record and its original's."""
+        if event.original_event_id is not None:
+            original = state.event(event.original_event_id)
+            return 3 + (0 if original is None else len(original.buckets))
+        return 3 + sum(1 for a in plan if a.key is not None)
 
     @staticmethod
     def reversal_keys(events: Sequence[Event], state: WorkingState, loaded: Keys) -> Keys:

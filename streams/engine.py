@@ -16,7 +16,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from handlers.decide import Applied, Decider, Outcome, OutcomeKind
+from handlers.decide import MAX_APPLICABLE_RULES, Applied, Decider, Outcome, OutcomeKind
 from handlers.state import WorkingState
 from limitflow.errors import ConflictError
 from schemas.events import DeadLetterError, Event, EventRejected, decode_json, is_id, parse_event
@@ -68,6 +68,12 @@ class Engine:
         self.store = store
         self.max_conflict_retries = max_conflict_retries
         self.stats = BatchStats()
+        limit = store.max_records_per_commit
+        self.max_applicable = (
+            MAX_APPLICABLE_RULES if limit is None else min(MAX_APPLICABLE_RULES, limit - 3)
+        )
+        """Most rules one event may match: more, and its verdict or its one atomic commit
+        (buckets, account, its record, an original's) would not fit, on any retry."""
 
     async def process(self, records: Sequence[Record]) -> list[Result]:
         """Results for ``records``, in order, once every state change is committed.
@@ -81,7 +87,14 @@ class Engine:
         for index, record in enumerate(records):
             try:
                 event = parse_event(record.raw)
-                pending.append((index, event, self.decider.plan(event)))
+                plan = self.decider.plan(event)
+                if len(plan) > self.max_applicable:
+                    raise EventRejected(
+                        DeadLetterError.INVALID_EVENT,
+                        f"{len(plan)} rules apply to this event; at most {self.max_applicable}"
+                        " may (split the rules file's broadest rules by match or currency)",
+                    )
+                pending.append((index, event, plan))
             except EventRejected as exc:
                 results[index] = Result(
                     record,
@@ -125,11 +138,14 @@ class Engine:
         if more:
             snapshot.merge(await self.store.load(more))
         limit = self.store.max_records_per_commit
-        room = None if limit is None else limit - decider.max_records_per_event
         unit_start = 0
         unit: list[tuple[int, Outcome, Event]] = []
         for position, (index, event, plan) in enumerate(pending):
-            if room is not None and state.pending > room:
+            if (
+                limit is not None
+                and unit
+                and state.pending + decider.records_needed(event, plan, state) > limit
+            ):
                 await self._commit(state, unit, records, results, pending, unit_start)
                 unit, unit_start = [], position
             unit.append((index, decider.decide(event, plan, state), event))

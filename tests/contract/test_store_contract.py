@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.generate import events as generated_events
-from handlers.decide import Decider, OutcomeKind
+from handlers.decide import MAX_APPLICABLE_RULES, MAX_KEY_BYTES, Decider, OutcomeKind
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, WorkingState, Writes
 from limitflow.errors import ConflictError
 from schemas.events import EventType
-from schemas.rules import load_rules
+from schemas.rules import load_rules, parse_rules
 from stores import open_store
 from stores.base import Store
 from stores.dynamo import DynamoStore
@@ -239,6 +239,77 @@ async def test_a_scope_value_too_long_for_a_key_is_a_dead_letter_everywhere(
         out = await decide_all(store, lines, batch=10)
         assert [kind for kind, _ in out] == ["dead", "verdict"]
         assert out[0][1] == b"invalid_event"
+    finally:
+        await store.close()
+
+
+def _wide_rules(count: int) -> bytes:
+    """``count`` rules that all apply to a CNY payment, with the longest rule ids."""
+    rules = [
+        {
+            "id": f"{n:04d}-" + "r" * 59,
+            "scope": "merchant_id",
+            "window": "day",
+            "currency": "CNY",
+            "max_count": 1_000,
+            "max_amount": "9999999999999.99",
+        }
+        for n in range(count)
+    ]
+    return json.dumps({"rules": rules}).encode()
+
+
+async def test_the_widest_event_a_store_allows_is_stored_reversed_and_resent(
+    store_url: str,
+) -> None:
+    # every rule the store allows applies, each with a bucket key of MAX_KEY_BYTES: the
+    # largest verdicts, records and commits limitflow can make must be stored, on retry
+    # too; one rule more is a dead letter, never a store refusal that stops `run`
+    store = await opened(store_url)
+    try:
+        limit = store.max_records_per_commit
+        widest = MAX_APPLICABLE_RULES if limit is None else min(MAX_APPLICABLE_RULES, limit - 3)
+        padding = MAX_KEY_BYTES - len("0000-" + "r" * 59 + "|2026-03-14|") - 1
+
+        def payment(n: int) -> dict[str, object]:
+            return {
+                "event_id": f"p{n}",
+                "account_id": "a1",
+                "amount": "1.00",
+                "currency": "CNY",
+                "occurred_at": "2026-03-14T10:00:00Z",
+                "merchant_id": str(n) + "m" * padding,
+            }
+
+        lines = [json.dumps(payment(n)).encode() for n in range(3)]
+        lines.append(
+            json.dumps(
+                {
+                    "event_id": "r0",
+                    "type": "reversal",
+                    "account_id": "a1",
+                    "original_event_id": "p0",
+                    "occurred_at": "2026-03-14T11:00:00Z",
+                }
+            ).encode()
+        )
+        engine = Engine(Decider(parse_rules(_wide_rules(widest))), store)
+        assert engine.max_applicable == widest
+        records = [Record(line, {"line": n}) for n, line in enumerate(lines, 1)]
+        first = await engine.process(records)
+        assert [r.decision for r in first] == ["accept"] * 4
+        payment_verdict = json.loads(first[1].verdict or b"")
+        assert len(payment_verdict["limits"]) == widest
+        assert all(limit["count_used"] == 1 for limit in payment_verdict["limits"])
+        again = await Engine(Decider(parse_rules(_wide_rules(widest))), store).process(records)
+        assert [r.kind for r in again] == [OutcomeKind.DUPLICATE] * 4
+        assert [r.verdict for r in again] == [r.verdict for r in first]
+
+        wider = Engine(Decider(parse_rules(_wide_rules(widest + 1))), store)
+        (dead,) = await wider.process([Record(json.dumps(payment(9)).encode(), {"line": 1})])
+        assert dead.kind is OutcomeKind.DEAD_LETTER
+        assert dead.detail is not None
+        assert f"{widest + 1} rules apply to this event; at most {widest}" in dead.detail
     finally:
         await store.close()
 
