@@ -135,7 +135,31 @@ def _rules_check(args: argparse.Namespace) -> int:
         for field, allowed in rule.match:
             where.append(f"{field} in {sorted(allowed)}")
         print(f"  {rule.id}: {' and '.join(limits)}, {', '.join(where)}")
+    _note_wide_rules(rules)
     return EXIT_OK
+
+
+def _note_wide_rules(rules: RuleSet) -> None:
+    """Say so when more rules may apply to one event than every store can commit."""
+    from handlers.decide import MAX_APPLICABLE_RULES
+    from stores.dynamo import MAX_TRANSACT_ITEMS
+
+    currencies = {rule.currency for rule in rules.rules}
+    widest = (
+        max(
+            sum(1 for rule in rules.rules if rule.currency in (None, currency))
+            for currency in currencies
+        )
+        if rules.rules
+        else 0
+    )
+    dynamo = MAX_TRANSACT_ITEMS - 3
+    if widest > dynamo:
+        print(
+            f"note: up to {widest} rules may apply to one event (match not counted); an event"
+            f" that more than {MAX_APPLICABLE_RULES} apply to ({dynamo} on DynamoDB) becomes"
+            " an invalid_event dead letter"
+        )
 
 
 async def _store_init(args: argparse.Namespace) -> int:

@@ -498,6 +498,24 @@ def test_rules_check_summarises_a_valid_file(tmp_path: Path, rules: Path) -> Non
     ]
 
 
+def test_rules_check_notes_when_too_many_rules_may_apply_to_one_event(tmp_path: Path) -> None:
+    body = "".join(f"  - {{id: r{n}, window: day, max_count: 9}}\n" for n in range(90))
+    body += "".join(
+        f"  - {{id: c{n}, window: day, currency: CNY, max_count: 9}}\n" for n in range(8)
+    )
+    body += "  - {id: u, window: day, currency: USD, max_count: 9}\n"
+    (tmp_path / "wide.yaml").write_text("rules:\n" + body, encoding="utf-8")
+    result = limitflow("rules", "check", "wide.yaml", cwd=tmp_path)
+    assert result.returncode == 0
+    assert result.stdout.decode().splitlines()[-1] == (
+        "note: up to 98 rules may apply to one event (match not counted); an event that more"
+        " than 200 apply to (97 on DynamoDB) becomes an invalid_event dead letter"
+    )
+    (tmp_path / "narrow.yaml").write_text("rules:\n" + body[: body.index("  - {id: c1,")])
+    result = limitflow("rules", "check", "narrow.yaml", cwd=tmp_path)
+    assert "note:" not in result.stdout.decode()
+
+
 def test_rules_check_fails_on_a_bad_file(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text(
         "rules:\n"
