@@ -31,22 +31,22 @@ import os
 import tempfile
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import faust
 from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 from faust.streams import Stream
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import EventT, StreamT
 from mode.supervisors import CrashingSupervisor
 
-from handlers.decide import Decider, OutcomeKind
+from handlers.decide import Decider
 from limitflow.errors import ConfigError, LimitflowError
 from limitflow.settings import DEFAULT_STORE, check_topics, load_env_settings
 from schemas.rules import RulesError, RuleSet, load_rules
-from schemas.verdicts import dead_letter
 from stores.base import Store
 from streams.engine import Engine, Record, Result
-from streams.output import fitted_dead_letter
+from streams.output import Message, messages
 
 log = logging.getLogger("limitflow.faust")
 
@@ -71,6 +71,9 @@ class FaustSettings:
     """As for ``limitflow run``: a larger dead letter names its record instead of holding it."""
     batch_wait_ms: int = 20
     """How long a batch waits to fill before it is processed anyway (bounds latency)."""
+    fetch_max_wait_ms: int = 50
+    """As for ``limitflow run``: longest a broker may hold a fetch that found nothing
+    (faust itself fixes 1,500 ms, which a broker like tansu adds to an event's latency)."""
     partitions: int = 6
     """Partitions of topics the app creates when they are missing."""
     session_timeout_ms: int = 10_000
@@ -90,15 +93,6 @@ class FaustSettings:
         return settings
 
 
-class Outgoing(NamedTuple):
-    """One record to publish for one input record."""
-
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]]
-
-
 def source_of(event: EventT[Any]) -> Record:
     """The engine's record for a faust event: its raw bytes and where it came from."""
     message = event.message
@@ -108,38 +102,9 @@ def source_of(event: EventT[Any]) -> Record:
     )
 
 
-def outgoing(results: Sequence[Result], settings: FaustSettings) -> list[Outgoing]:
-    """What to publish for ``results``, in input order: verdicts and dead letters."""
-    out: list[Outgoing] = []
-    for result in results:
-        if result.kind is OutcomeKind.DEAD_LETTER:
-            assert result.error is not None and result.detail is not None
-            letter = dead_letter(
-                result.error,
-                result.detail,
-                result.record.raw,
-                result.record.source,
-                result.event_id,
-            )
-            headers = [("error", str(result.error).encode())]
-            if result.event_id is not None:
-                headers.append(("event_id", result.event_id.encode()))
-            _, value = fitted_dead_letter(
-                letter, result.record.raw, None, headers, settings.max_message_bytes
-            )
-            out.append(Outgoing(settings.dead_letter_topic, None, value, headers))
-        else:
-            assert result.verdict is not None and result.account_id is not None
-            assert result.event_id is not None
-            out.append(
-                Outgoing(
-                    settings.output_topic,
-                    result.account_id.encode(),
-                    result.verdict,
-                    [("event_id", result.event_id.encode())],
-                )
-            )
-    return out
+def _unkeyed(result: Result) -> None:
+    """faust hands the agent values only: dead letters go unkeyed."""
+    return None
 
 
 def _retriable(exc: BaseException) -> bool:
@@ -168,7 +133,9 @@ class BatchHandler:
         delay = self.settings.retry_initial_ms / 1000
         while True:
             try:
-                await self._publish(outgoing(await self.engine.process(records), self.settings))
+                await self._publish(
+                    list(messages(await self.engine.process(records), self.settings, _unkeyed))
+                )
                 break
             except Exception as exc:
                 if not _retriable(exc):
@@ -189,7 +156,7 @@ class BatchHandler:
             await stream.ack(event)
         return True
 
-    async def _publish(self, records: Sequence[Outgoing]) -> None:
+    async def _publish(self, records: Sequence[Message]) -> None:
         """Send ``records`` in order and wait until the broker has every one."""
         producer = self.app.producer
         pending: list[Awaitable[Any]] = []
@@ -223,12 +190,42 @@ async def open_engine(settings: FaustSettings, rules: RuleSet) -> Engine:
     return Engine(Decider(rules), store)
 
 
+class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        # faust passes fetch_max_wait_ms=1500 with no setting to change it; aiokafka reads
+        # this attribute when the consumer starts and builds its fetcher from it
+        consumer._fetch_max_wait_ms = cast(LimitflowApp, self.app).fetch_max_wait_ms
+        return consumer
+
+
+class _Consumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> _ConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _Transport(faust_aiokafka.Transport):
+    Consumer = _Consumer
+
+
+class LimitflowApp(faust.App):
+    """A faust app whose Kafka consumers wait at most ``fetch_max_wait_ms`` for a fetch."""
+
+    def __init__(self, *args: Any, fetch_max_wait_ms: int, **kwargs: Any) -> None:
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        super().__init__(*args, **kwargs)
+
+    def _new_transport(self) -> Any:
+        return _Transport(self.conf.broker_consumer, self)
+
+
 def build_app(settings: FaustSettings) -> faust.App:
     """The faust app: one agent over the input topic, publishing verdicts and dead letters."""
     rules = load_checked_rules(settings.rules)
     session = settings.session_timeout_ms / 1000
-    app = faust.App(
+    app = LimitflowApp(
         settings.group_id,
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
         broker=",".join(f"kafka://{hp.strip()}" for hp in settings.bootstrap_servers.split(",")),
         autodiscover=False,
         store="memory://",

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
 from aiokafka import errors as kafka_errors
@@ -21,7 +21,6 @@ from aiokafka.partitioner import DefaultPartitioner  # type: ignore[import-untyp
 
 from handlers.decide import OutcomeKind
 from limitflow.errors import BrokerRejected, BrokerUnavailable, PartitionLost
-from limitflow.settings import KafkaSettings
 from schemas.verdicts import DeadLetter, dead_letter, encode_dead_letter
 from streams.engine import Result
 
@@ -54,8 +53,19 @@ class Message(NamedTuple):
     headers: list[tuple[str, bytes]]
 
 
+class Destinations(Protocol):
+    """Where verdicts and dead letters go (``KafkaSettings``, the faust app's settings)."""
+
+    @property
+    def output_topic(self) -> str: ...
+    @property
+    def dead_letter_topic(self) -> str: ...
+    @property
+    def max_message_bytes(self) -> int: ...
+
+
 def messages(
-    results: Sequence[Result], settings: KafkaSettings, key_of: Callable[[Result], bytes | None]
+    results: Sequence[Result], settings: Destinations, key_of: Callable[[Result], bytes | None]
 ) -> Iterator[Message]:
     """The verdict or dead letter of each result, in order.
 

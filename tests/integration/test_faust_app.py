@@ -218,6 +218,8 @@ async def test_verdicts_equal_replay_and_topic_replay_repeats_them(
         verdict = json.loads(value)
         assert key == verdict["account_id"].encode()
         assert headers["event_id"] == verdict["event_id"].encode()
+        assert headers["source"].decode().startswith(f"{topics.input}:0:")  # as from run
+    assert len({headers["source"] for _, _, headers in out}) == len(out)
     # one input partition: each account's verdicts come out in input order
     assert per_account([value for _, value, _ in out]) == per_account(expected)
 

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from limitflow.errors import ConfigError
 from limitflow.settings import Guarantee, env_name, load_run_settings, load_topic_settings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 REQUIRED = {
     "bootstrap_servers": "127.0.0.1:9092",
@@ -119,3 +125,45 @@ def test_faust_settings_come_from_the_same_loader() -> None:
         FaustSettings.from_env({**env, "LIMITFLOW_BATCH_SIZE": "many"})
     with pytest.raises(ConfigError, match="three different topics"):
         FaustSettings.from_env({**env, "LIMITFLOW_OUTPUT_TOPIC": "limitflow.events"})
+
+
+_FAUST_CONSUMER_WAIT = """
+import asyncio, os
+from streams.faust_app import FaustSettings, build_app
+
+async def main():
+    app = build_app(FaustSettings.from_env(os.environ))
+    consumer = app.consumer._thread._create_worker_consumer(app.transport)
+    print(app.fetch_max_wait_ms, consumer._fetch_max_wait_ms)
+    await consumer.stop()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("70", "70 70"), (None, "50 50")])
+def test_the_faust_consumer_waits_for_fetches_as_long_as_the_setting_says(
+    setting: str | None, expected: str
+) -> None:
+    # faust builds its aiokafka consumer with fetch_max_wait_ms=1500 and no setting for it;
+    # the app's own transport puts LIMITFLOW_FETCH_MAX_WAIT_MS in its place (aiokafka
+    # builds the fetcher from this attribute when the consumer starts). In a subprocess:
+    # a faust app changes process-wide state (signal handlers, recursion limit).
+    env = {
+        **os.environ,
+        "LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9",
+        "LIMITFLOW_RULES": "examples/rules.yaml",
+    }
+    env.pop("LIMITFLOW_FETCH_MAX_WAIT_MS", None)
+    if setting is not None:
+        env["LIMITFLOW_FETCH_MAX_WAIT_MS"] = setting
+    done = subprocess.run(
+        [sys.executable, "-c", _FAUST_CONSUMER_WAIT],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.split() == expected.split()
