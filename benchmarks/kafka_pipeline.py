@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.generate import events as generated_events  # noqa: E402
+from tests.faust_worker import faust_worker  # noqa: E402
 from tests.servers import KafkaBroker, kafka_broker  # noqa: E402
 
 RULES = ROOT / "examples" / "rules.yaml"
@@ -107,27 +108,13 @@ def runtime_command(
         ]
         env["LIMITFLOW_SESSION_TIMEOUT_MS"] = "6000"
         return argv, env
-    env.update(
-        {
-            "LIMITFLOW_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-            "LIMITFLOW_INPUT_TOPIC": topics.input,
-            "LIMITFLOW_OUTPUT_TOPIC": topics.output,
-            "LIMITFLOW_DEAD_LETTER_TOPIC": topics.dead,
-            "LIMITFLOW_GROUP_ID": group,
-            "LIMITFLOW_RULES": str(RULES),
-            "LIMITFLOW_STORE": store,
-            "LIMITFLOW_SESSION_TIMEOUT_MS": "6000",
-        }
+    return faust_worker(
+        kafka.bootstrap_servers,
+        (topics.input, topics.output, topics.dead),
+        group,
+        store,
+        log_level="warn",
     )
-    return [
-        str(BIN / "faust"),
-        "-A",
-        "streams.faust_app",
-        "worker",
-        "-l",
-        "warn",
-        "--without-web",
-    ], env
 
 
 @contextlib.contextmanager

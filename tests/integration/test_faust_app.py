@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from benchmarks.generate import events as generated_events
+from tests.faust_worker import faust_worker
 from tests.servers import KafkaBroker, kafka_broker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,6 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 RULES = ROOT / "examples" / "rules.yaml"
-FAUST = str(Path(sys.executable).parent / "faust")
 BAD_INPUT = [b"{not json", b'{"event_id": "bad-1", "account_id": "a"}', b"\xff\xfe binary"]
 
 
@@ -116,22 +116,17 @@ class Worker:
     """``faust -A streams.faust_app worker`` as a subprocess."""
 
     def __init__(self, kafka: KafkaBroker, topics: Topics, store: str, group: str, log: Path):
-        env = {
-            **os.environ,
-            "LIMITFLOW_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-            "LIMITFLOW_INPUT_TOPIC": topics.input,
-            "LIMITFLOW_OUTPUT_TOPIC": topics.output,
-            "LIMITFLOW_DEAD_LETTER_TOPIC": topics.dead,
-            "LIMITFLOW_GROUP_ID": group,
-            "LIMITFLOW_RULES": str(RULES),
-            "LIMITFLOW_STORE": store,
-            "LIMITFLOW_SESSION_TIMEOUT_MS": "6000",
-            "LIMITFLOW_BATCH_SIZE": "500",
-        }
+        argv, env = faust_worker(
+            kafka.bootstrap_servers,
+            (topics.input, topics.output, topics.dead),
+            group,
+            store,
+            batch_size="500",
+        )
         self.log = log
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                [FAUST, "-A", "streams.faust_app", "worker", "-l", "info", "--without-web"],
+                argv,
                 cwd=ROOT,
                 env=env,
                 stdout=out,
