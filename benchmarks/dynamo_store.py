@@ -2,6 +2,7 @@
 
     AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_DEFAULT_REGION=us-east-1 \\
       python benchmarks/dynamo_store.py --endpoint-url http://127.0.0.1:8000 --events 5000
+    ... --rtt-ms 2      # the same through a proxy adding 2 ms per round trip, as a network does
 
 Batched: ``streams.engine.Engine`` over ``DynamoStore`` (reads in BatchGetItem calls of 100
 keys, commits in TransactWriteItems of <= 100 records, idempotency records and account
@@ -26,6 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.generate import events as generate_events
+from benchmarks.latency_proxy import delayed
 from handlers.decide import Decider
 from schemas.events import EventRejected, EventType, parse_event
 from schemas.rules import load_rules
@@ -131,11 +133,20 @@ async def main() -> None:
     parser.add_argument("--events", type=int, default=5_000)
     parser.add_argument("--accounts", type=int, default=2_000)
     parser.add_argument("--batch-size", type=int, default=2_000)
+    parser.add_argument(
+        "--rtt-ms", type=float, default=0.0, help="network delay added per round trip (a proxy)"
+    )
     args = parser.parse_args()
     lines = generate_events(args.events, accounts=args.accounts)
-    fast = await batched(args.endpoint_url, lines, args.batch_size)
-    slow = await baseline(args.endpoint_url, lines)
-    print(f"events: {len(lines)}  accounts: {args.accounts}  batch size: {args.batch_size}")
+    scheme, _, target = args.endpoint_url.partition("://")
+    with delayed(target.rstrip("/"), args.rtt_ms) as address:
+        endpoint = f"{scheme}://{address}"
+        fast = await batched(endpoint, lines, args.batch_size)
+        slow = await baseline(endpoint, lines)
+    print(
+        f"events: {len(lines)}  accounts: {args.accounts}  batch size: {args.batch_size}"
+        f"  added round-trip time: {args.rtt_ms:g} ms"
+    )
     for name, result in (("batched engine", fast), ("seed baseline", slow)):
         extra = ", ".join(
             f"{k} {v}" for k, v in result.items() if k not in ("seconds", "events_per_s")

@@ -1,6 +1,6 @@
 """Events per second: batched MongoStore vs a seed-004-style counter per round trip.
 
-    python benchmarks/mongo_store.py --url mongodb://127.0.0.1:PORT/ [--events 3000]
+    python benchmarks/mongo_store.py --url mongodb://127.0.0.1:PORT/ [--events 3000] [--rtt-ms 2]
 
 Both run on the same server, each in a fresh database, over the same generated events
 (examples/rules.yaml):
@@ -24,6 +24,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pymongo import AsyncMongoClient
 from pymongo.errors import DuplicateKeyError
@@ -31,6 +32,7 @@ from pymongo.errors import DuplicateKeyError
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
 
 from benchmarks.generate import events
+from benchmarks.latency_proxy import delayed
 from handlers.decide import Decider
 from schemas.events import EventRejected, parse_event
 from schemas.rules import load_rules
@@ -107,12 +109,24 @@ async def main() -> None:
     parser.add_argument("--url", required=True, help="mongodb://HOST:PORT/ of the server")
     parser.add_argument("--events", type=int, default=3_000)
     parser.add_argument("--batch", type=int, default=500, help="events per Engine batch")
+    parser.add_argument(
+        "--rtt-ms", type=float, default=0.0, help="network delay added per round trip (a proxy)"
+    )
     args = parser.parse_args()
     lines = events(args.events, accounts=300, merchants=50)
-    store_s, store_trips, conflicts = await run_store(args.url, lines, args.batch)
-    seed_s, seed_trips = await run_baseline(args.url, lines)
+    parts = urlsplit(args.url)
+    with delayed(parts.netloc, args.rtt_ms) as address:
+        # a direct connection, so that the driver keeps to the proxy's address
+        url = urlunsplit(parts._replace(netloc=address))
+        if args.rtt_ms > 0 and "directConnection" not in url:
+            url += ("&" if parts.query else "?") + "directConnection=true"
+        store_s, store_trips, conflicts = await run_store(url, lines, args.batch)
+        seed_s, seed_trips = await run_baseline(url, lines)
     store_rate, seed_rate = len(lines) / store_s, len(lines) / seed_s
-    print(f"events: {len(lines)}, batch {args.batch}, rules {RULES.name}")
+    print(
+        f"events: {len(lines)}, batch {args.batch}, rules {RULES.name},"
+        f" added round-trip time {args.rtt_ms:g} ms"
+    )
     print(
         f"MongoStore (Engine, batched): {store_rate:10,.0f} events/s  "
         f"{store_trips:6d} round trips  {conflicts} conflicts"
