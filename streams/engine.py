@@ -87,14 +87,7 @@ class Engine:
         for index, record in enumerate(records):
             try:
                 event = parse_event(record.raw)
-                plan = self.decider.plan(event)
-                if len(plan) > self.max_applicable:
-                    raise EventRejected(
-                        DeadLetterError.INVALID_EVENT,
-                        f"{len(plan)} rules apply to this event; at most {self.max_applicable}"
-                        " may (split the rules file's broadest rules by match or currency)",
-                    )
-                pending.append((index, event, plan))
+                pending.append((index, event, self.decider.plan(event)))
             except EventRejected as exc:
                 results[index] = Result(
                     record,
@@ -141,16 +134,31 @@ class Engine:
         unit_start = 0
         unit: list[tuple[int, Outcome, Event]] = []
         for position, (index, event, plan) in enumerate(pending):
+            # a duplicate gets its verdict again even if the rules grew too wide since
+            too_wide = len(plan) > self.max_applicable and state.event(event.event_id) is None
             if (
                 limit is not None
                 and unit
+                and not too_wide
                 and state.pending + decider.records_needed(event, plan, state) > limit
             ):
                 await self._commit(state, unit, records, results, pending, unit_start)
                 unit, unit_start = [], position
-            unit.append((index, decider.decide(event, plan, state), event))
+            outcome = self._too_wide(plan) if too_wide else decider.decide(event, plan, state)
+            unit.append((index, outcome, event))
         await self._commit(state, unit, records, results, pending, unit_start)
         return []
+
+    def _too_wide(self, plan: tuple[Applied, ...]) -> Outcome:
+        return Outcome(
+            OutcomeKind.DEAD_LETTER,
+            None,
+            None,
+            None,
+            DeadLetterError.INVALID_EVENT,
+            f"{len(plan)} rules apply to this event; at most {self.max_applicable} may"
+            " (split the rules file's broadest rules by match or currency)",
+        )
 
     async def _commit(
         self,

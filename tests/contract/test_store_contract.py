@@ -306,10 +306,13 @@ async def test_the_widest_event_a_store_allows_is_stored_reversed_and_resent(
         assert [r.verdict for r in again] == [r.verdict for r in first]
 
         wider = Engine(Decider(parse_rules(_wide_rules(widest + 1))), store)
-        (dead,) = await wider.process([Record(json.dumps(payment(9)).encode(), {"line": 1})])
+        new = Record(json.dumps(payment(9)).encode(), {"line": 5})
+        dead, resent = await wider.process([new, records[1]])
         assert dead.kind is OutcomeKind.DEAD_LETTER
         assert dead.detail is not None
         assert f"{widest + 1} rules apply to this event; at most {widest}" in dead.detail
+        # one decided before the rules grew is still a duplicate with its verdict
+        assert (resent.kind, resent.verdict) == (OutcomeKind.DUPLICATE, first[1].verdict)
     finally:
         await store.close()
 
