@@ -161,12 +161,38 @@ _FIRST_MICROS: Final = (datetime(1, 1, 2, tzinfo=UTC) - _EPOCH) // _MICROSECOND
 _END_MICROS: Final = (datetime(9999, 12, 31, tzinfo=UTC) - _EPOCH) // _MICROSECOND
 
 
+MAX_DEPTH: Final = 32
+"""Deepest nesting of arrays and objects in an event's extra fields. The decoder and the
+fingerprint's encoder recurse, so a record nested thousands deep would raise
+RecursionError, which is no dead-letter code: it would stop the consumer on every retry."""
+
+
 def decode_json(raw: bytes | str) -> Any:
     """Decode one JSON document, keeping number literals exact."""
     try:
         return _decoder.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise EventRejected(DeadLetterError.INVALID_JSON, f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise EventRejected(
+            DeadLetterError.INVALID_JSON, "not valid JSON here: nested too deeply to decode"
+        ) from None
+
+
+def _nested_deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
+    """Whether ``value`` (itself one level) nests arrays or objects more than ``limit``
+    levels deep; level by level, without recursion."""
+    level = [value]
+    for _ in range(limit):
+        level = [
+            item
+            for container in level
+            for item in (container.values() if isinstance(container, dict) else container)
+            if isinstance(item, dict | list)
+        ]
+        if not level:
+            return False
+    return True
 
 
 def parse_event(raw: bytes | str) -> Event:
@@ -220,6 +246,12 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
             raise EventRejected(DeadLetterError.INVALID_EVENT, f"amount: {exc}") from None
 
     extras = {k: v for k, v in doc.items() if k not in _CORE_FIELDS}
+    for name, value in extras.items():
+        if isinstance(value, dict | list) and _nested_deeper_than(value, MAX_DEPTH):
+            raise EventRejected(
+                DeadLetterError.INVALID_EVENT,
+                f"{name}: nested more than {MAX_DEPTH} levels deep",
+            )
     canonical = (
         event_id,
         kind.value,

@@ -434,6 +434,29 @@ def test_malformed_json_and_non_utf8_bytes_are_invalid_json(raw: str | bytes) ->
     assert error.detail.startswith("not valid JSON")
 
 
+def _nested(depth: int, kind: str) -> str:
+    return "[" * depth + "]" * depth if kind == "array" else '{"a":' * depth + "1" + "}" * depth
+
+
+@pytest.mark.parametrize("kind", ["array", "object"])
+def test_extra_fields_may_nest_32_levels_and_no_deeper(kind: str) -> None:
+    base = json.dumps(payment())[:-1]
+    assert parse_event(f'{base}, "x": {_nested(32, kind)}}}').fields["x"]
+    error = refused(f'{base}, "x": {_nested(33, kind)}}}')
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == "x: nested more than 32 levels deep"
+
+
+@pytest.mark.parametrize("depth", [900, 5_000, 100_000])
+def test_a_record_nested_too_deeply_to_decode_is_a_dead_letter_not_a_crash(depth: int) -> None:
+    # the decoder recurses: past Python's recursion limit it raised RecursionError,
+    # which stopped replay and would stop `run` on the same record after every restart
+    base = json.dumps(payment())[:-1]
+    for kind in ("array", "object"):
+        error = refused(f'{base}, "x": {_nested(depth, kind)}}}')
+        assert error.error in (DeadLetterError.INVALID_JSON, DeadLetterError.INVALID_EVENT)
+
+
 @pytest.mark.parametrize("raw", ["[1, 2]", "[]", '"evt-1"', "42", "null", "true"])
 def test_json_that_is_not_an_object_is_invalid_event(raw: str) -> None:
     error = refused(raw)
