@@ -117,7 +117,7 @@ def make_events(count: int, *, accounts: int = 12, seed: int = 1) -> list[bytes]
 
 
 def account_key(raw: bytes) -> bytes | None:
-    with contextlib.suppress(ValueError, AttributeError, TypeError):
+    with contextlib.suppress(ValueError, AttributeError, TypeError, RecursionError):
         value = json.loads(raw).get("account_id")
         if isinstance(value, str):
             return value.encode()
@@ -545,12 +545,13 @@ async def test_two_consumers_in_one_group_split_the_work(setup: Setup) -> None:
 
 
 async def test_bad_input_only_goes_to_the_dead_letter_topic(setup: Setup) -> None:
-    lines = [b"{oops", b"", b"\xff\x00", json.dumps({"event_id": "e1"}).encode()]
+    deep = b'{"event_id": "deep", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    lines = [b"{oops", b"", b"\xff\x00", json.dumps({"event_id": "e1"}).encode(), deep]
     sources = await produce(setup.bootstrap, setup.topics[0], lines)
     proc = setup.run()
     await check_against_replay(setup, lines[:1] + lines[2:], sources[:1] + sources[2:])
     # an empty (or null) value is a dead letter too, which a file cannot express
-    empty = await read_topic(setup.bootstrap, setup.topics[2], until=4)
+    empty = await read_topic(setup.bootstrap, setup.topics[2], until=5)
     assert json.loads(empty.by_source[sources[1]][0])["error"] == "invalid_json"
     assert setup.stop(proc) == 0
 
