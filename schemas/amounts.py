@@ -7,9 +7,10 @@ so ``0.1`` stays one tenth and limits compare exactly.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
-_PLAIN = re.compile(r"(\d{1,30})(?:\.(\d{1,30}))?")
+_PLAIN = re.compile(r"(\d{1,30})(?:\.(\d{1,30}))?", re.ASCII)
+_DECIMAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 
 MAX_DIGITS = 15
 """Most digits an amount may have in minor units: up to 9,999,999,999,999.99 CNY. Every
@@ -23,22 +24,32 @@ class AmountError(ValueError):
 
 
 def to_decimal(value: object) -> Decimal:
-    """Parse a decimal string, an int or a decoded JSON number literal into a Decimal."""
+    """Parse a decimal string, an int or a decoded JSON number literal into a Decimal.
+
+    Strings are ASCII decimals (``12.50``, ``-3``, ``1e5``; surrounding blanks ignored):
+    not ``1_000`` nor other scripts' digits, which ``Decimal`` itself would take.
+    """
     if isinstance(value, bool):
         raise AmountError("must be a decimal string or number, not a boolean")
     if isinstance(value, int):
-        return Decimal(value)
-    if isinstance(value, Decimal):
+        number = Decimal(value)
+    elif isinstance(value, Decimal):
         number = value
     elif isinstance(value, str):
-        try:
-            number = Decimal(value.strip()) if value.strip() else Decimal("nan")
-        except InvalidOperation:
-            raise AmountError(f"{value!r} is not a decimal number") from None
+        text = value.strip()
+        if not _DECIMAL.fullmatch(text):
+            raise AmountError(f"{value!r} is not a decimal number")
+        number = Decimal(text)
     else:
         raise AmountError(f"must be a decimal string or number, got {type(value).__name__}")
     if not number.is_finite():
         raise AmountError(f"{value!r} is not a finite decimal number")
+    # no amount in any currency is this large or this fine (minor units have <= 3 digits),
+    # and arithmetic on an exponent like 1e999999999 overflows Decimal's context
+    if number and number.adjusted() >= MAX_DIGITS:
+        raise _too_large(value)
+    if number and number.adjusted() < -MAX_DIGITS:
+        raise AmountError(f"{value!r} has more fraction digits than any currency allows")
     return number
 
 

@@ -221,7 +221,10 @@ def test_trailing_zeros_in_a_json_number_are_judged_by_value() -> None:
 
 @pytest.mark.parametrize(
     "amount",
-    ["0", "0.00", "-1.00", "-0.01", 0, -5, "NaN", "Infinity", "", "ten", True, False, [1], {}],
+    [
+        *("0", "0.00", "-1.00", "-0.01", 0, -5, "NaN", "Infinity", "", "ten", True, False),
+        *([1], {}, "1_000", "\uff11\uff12", "\u0661", "0x10", "1e-999999999"),
+    ],
 )
 def test_amounts_that_are_not_positive_decimals_are_invalid(amount: Any) -> None:
     error = refused(payment(amount=amount))
@@ -393,6 +396,18 @@ def test_original_event_id_follows_the_id_rules(value: Any) -> None:
     error = refused(reversal(original_event_id=value))
     assert error.error is DeadLetterError.INVALID_EVENT
     assert error.detail == "original_event_id: must be a string of 1 to 128 characters"
+
+
+@pytest.mark.parametrize(
+    "literal", ["1e999999999", "-1e999999999", "1e-999999999", "123456789012345678901234567890"]
+)
+def test_a_reversal_amount_without_currency_is_bounded_like_any(literal: str) -> None:
+    # kept as a Decimal until the original's currency is known; 1e999999999 made the
+    # fingerprint's normalize() raise decimal.Overflow, which stopped the replay
+    text = json.dumps(reversal())[:-1] + f', "amount": {literal}}}'
+    error = refused(text)
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail.startswith("amount: ")
 
 
 @pytest.mark.parametrize("amount", ["0", "-1", "abc"])
@@ -576,6 +591,7 @@ def test_payment_resend_that_adds_original_event_id_is_not_the_same_payload() ->
         ("KWD", "1000000000000.000"),
         ("USD", "99999999999999999999999.00"),
         ("USD", "1e999999"),
+        ("USD", "1e999999999"),  # an exponent past Decimal's context: Overflow, not caught
     ],
 )
 def test_amounts_beyond_15_digits_in_minor_units_are_invalid(currency: str, amount: str) -> None:
