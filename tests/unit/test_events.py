@@ -322,6 +322,17 @@ def test_a_naive_time_is_invalid(text: str) -> None:
         "31/01/2026 23:59:00 +08:00",
         "yesterday",
         "",
+        # ISO 8601 forms that Python's fromisoformat takes but RFC 3339 does not
+        "2026-W05-6T23:59:00Z",
+        "2026-031T23:59:00Z",
+        "2026-01-31T23:59Z",
+        "2026-01-31T23:59:00+0800",
+        "2026-01-31T23:59:00+08",
+        "2026-01-31T23:59:00.Z",
+        "2026-01-31T23:59:00,5Z",
+        "20260131T235900Z",
+        "\uff12\uff10\uff12\uff16-01-31T23:59:00Z",
+        "2026-01-31T23:59:00" + "0" * 100 + "Z",
     ],
 )
 def test_dates_and_malformed_times_are_invalid(text: str) -> None:
