@@ -186,6 +186,10 @@ def decode_json(raw: bytes | str) -> Any:
         ) from None
 
 
+_CONTAINERS: Final = (dict, list)
+"""A tuple, not ``dict | list``: that builds a union object on every evaluation."""
+
+
 def _nested_deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
     """Whether ``value`` (itself one level) nests arrays or objects more than ``limit``
     levels deep; level by level, without recursion."""
@@ -195,7 +199,7 @@ def _nested_deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
             item
             for container in level
             for item in (container.values() if isinstance(container, dict) else container)
-            if isinstance(item, dict | list)
+            if isinstance(item, _CONTAINERS)
         ]
         if not level:
             return False
@@ -254,7 +258,7 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
 
     extras = {k: v for k, v in doc.items() if k not in _CORE_FIELDS}
     for name, value in extras.items():
-        if isinstance(value, dict | list) and _nested_deeper_than(value, MAX_DEPTH):
+        if isinstance(value, _CONTAINERS) and _nested_deeper_than(value, MAX_DEPTH):
             raise EventRejected(
                 DeadLetterError.INVALID_EVENT,
                 f"{name}: nested more than {MAX_DEPTH} levels deep",
