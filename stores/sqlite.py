@@ -8,9 +8,19 @@ WITHOUT ROWID is the better layout. Files made before keep their tables and thei
 uncompressed verdicts, and work unchanged.
 
 Several processes may share the file: a commit takes SQLite's write lock
-(``BEGIN IMMEDIATE``) and checks versions and expiries inside it. Nothing here deletes
-expired rows; one may purge them by hand at any time, which the conditions on
-``expires_at`` make safe (see ``stores.base``).
+(``BEGIN IMMEDIATE``) and checks versions and expiries inside it.
+
+Expired rows are deleted as the store goes, so that a long-running consumer's file
+stops growing once its oldest records expire. Each commit, after its own writes and in
+the same transaction, sweeps the next stretch of each table (four times as many rows as
+it wrote, in key order, wrapping around at the end) and deletes what has expired there;
+files made before the sweep existed are swept alike.
+A sweep needs no index on ``expires_at``, which every bucket update would rewrite (that
+cost a replay ~20%); an expired row waits at most one sweep round, about a quarter of
+the retention at a steady rate, so a file holds up to ~1.25 retentions of records.
+Deleting a record only once past its ``expires_at`` is what TTL deletion does
+elsewhere, and the conditions on ``expires_at`` make it safe (see ``stores.base``); one
+may also delete expired rows by hand.
 """
 
 from __future__ import annotations
@@ -81,6 +91,10 @@ class SqliteStore(Store):
         super().__init__(retention, **kwargs)
         self.path = path
         self._db = _open(path)
+        self.purged = 0
+        """Expired buckets and records deleted by this store's commits."""
+        self._swept = {"buckets": "", "events": ""}
+        """Where each table's sweep is: the last key it looked at."""
 
     async def _create(self) -> None:
         self._db.executescript(_SCHEMA)
@@ -221,6 +235,7 @@ class SqliteStore(Store):
             changes += len(rows)
             if db.total_changes - before != changes:
                 raise ConflictError("a record changed since it was read")
+            self._sweep(db, 4 * changes + 100)
             db.execute("COMMIT")
         except sqlite3.IntegrityError as exc:
             db.execute("ROLLBACK")
@@ -232,6 +247,31 @@ class SqliteStore(Store):
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise _translate(exc) from exc
+
+    def _sweep(self, db: sqlite3.Connection, rows: int) -> None:
+        """Delete the expired rows among the next ``rows`` of each table."""
+        now = int(self._clock())
+        for table, key in (("buckets", "key"), ("events", "id")):
+            start = self._swept[table]
+            found = db.execute(
+                f"SELECT {key} FROM {table} WHERE {key} > ?"  # noqa: S608 - fixed names
+                " ORDER BY 1 LIMIT 1 OFFSET ?",
+                (start, rows - 1),
+            ).fetchone()
+            if found is None:  # the rest of the table; the next sweep starts over
+                deleted = db.execute(
+                    f"DELETE FROM {table} WHERE {key} > ? AND expires_at < ?",  # noqa: S608
+                    (start, now),
+                )
+                self._swept[table] = ""
+            else:
+                deleted = db.execute(
+                    f"DELETE FROM {table} WHERE {key} > ? AND {key} <= ?"  # noqa: S608
+                    " AND expires_at < ?",
+                    (start, found[0], now),
+                )
+                self._swept[table] = found[0]
+            self.purged += deleted.rowcount
 
     async def close(self) -> None:
         self._db.close()

@@ -1,5 +1,6 @@
 """What is particular to the SQLite file: opening it from several processes at once, and
-files made by earlier versions. The store contract itself is in tests/contract."""
+files made by earlier versions, deleting expired rows. The store contract itself is in
+tests/contract."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ from contextlib import closing
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
+from handlers.decide import Decider, OutcomeKind
 from handlers.state import EventRecord, Keys, Writes
 from schemas.events import EventType
+from schemas.rules import load_rules
+from stores import open_store
 from stores.base import Expected
 from stores.sqlite import SqliteStore
+from streams.engine import Engine, Record
 
 OPENERS = 6
 ROUNDS = 10  # without the retry on open, about 1 round in 3 failed on this machine
@@ -20,8 +25,6 @@ ROUNDS = 10  # without the retry on open, about 1 round in 3 failed on this mach
 
 def _open(path: str, barrier: Barrier, results: multiprocessing.Queue[str]) -> None:
     import asyncio
-
-    from stores.sqlite import SqliteStore
 
     barrier.wait()
     try:
@@ -84,5 +87,50 @@ async def test_a_file_made_before_verdicts_were_compressed_reads_and_writes(
         with closing(sqlite3.connect(path)) as db:
             (stored,) = db.execute("SELECT verdict FROM events WHERE id = 'e2'").fetchone()
         assert len(stored) < len(new_verdict) / 4  # kept compressed
+    finally:
+        await store.close()
+
+
+async def test_expired_rows_are_deleted_as_commits_go_and_decisions_do_not_change(
+    tmp_path: Path,
+) -> None:
+    # a long-running consumer's file must stop growing once its oldest records expire
+    now = [1_900_000_000.0]
+    url = f"sqlite:///{tmp_path / 'purged.db'}?bucket_retention_days=1&event_retention_days=2"
+    store = open_store(url, clock=lambda: now[0])
+    assert isinstance(store, SqliteStore)
+    await store.init()
+    rules = load_rules(str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"))
+    engine = Engine(Decider(rules), store)
+
+    def payment(event_id: str, day: str, minute: int = 0) -> Record:
+        doc = (
+            f'{{"event_id": "{event_id}", "account_id": "a1", "card_id": "c1",'
+            f' "merchant_id": "m1", "amount": "10.00", "currency": "CNY",'
+            f' "occurred_at": "{day}T10:{minute:02d}:00Z"}}'
+        )
+        return Record(doc.encode(), {"line": 1})
+
+    def rows() -> tuple[int, int]:
+        with closing(sqlite3.connect(store.path)) as db:
+            events = db.execute("SELECT count(*) FROM events").fetchone()[0]
+            buckets = db.execute("SELECT count(*) FROM buckets").fetchone()[0]
+        return int(events), int(buckets)
+
+    try:
+        # 2030-03-17 is just after `now`: the records expire 2 days (buckets 1 day)
+        # after their time or period
+        old = [payment(f"old-{n}", "2030-03-17", n) for n in range(5)]
+        assert [r.decision for r in await engine.process(old)] == ["accept"] * 5
+        assert rows() == (5, 8)  # acct-day, 5 acct-minute, card-month, merchant-hour
+        now[0] += 40 * 86_400  # past every expiry, the month bucket's too
+        (fresh,) = await engine.process([payment("new-1", "2030-04-26")])
+        assert fresh.decision == "accept"
+        assert store.purged == 5 + 8
+        assert rows() == (1, 4)  # only new-1's record and buckets are left
+        # an old event sent again is decided again, as it was when its record had
+        # only expired on read: deletion changes no decision
+        (again,) = await engine.process([old[0]])
+        assert again.kind is OutcomeKind.VERDICT
     finally:
         await store.close()
