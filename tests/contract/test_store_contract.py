@@ -328,8 +328,8 @@ async def test_init_is_idempotent(store_url: str) -> None:
 
 # -- TTL deletion versus a writer that read before it (the "TTL ABA") -------------------
 #
-# MongoDB's TTL monitor and DynamoDB's TTL delete expired records late, at any moment;
-# sqlite and memory never delete, but an operator may purge expired rows by hand. A
+# MongoDB's TTL monitor, DynamoDB's TTL and sqlite's commits (a sweep) delete expired
+# records late, at any moment; memory never does, but an operator may delete by hand. A
 # record created again after such a deletion starts over at version 1, so a writer that
 # read the old record must not be able to commit over the new one just because the
 # version numbers coincide.
