@@ -76,6 +76,9 @@ class Store(abc.ABC):
         self._clock = clock
         self.round_trips = 0
         """Requests sent to the server (reads and commits), for metrics and benchmarks."""
+        self.expired_deleted = 0
+        """Expired records this store's commits deleted (sqlite's sweep; the servers' TTL
+        deletions happen on the server and are not counted here)."""
 
     async def load(self, keys: Keys) -> Snapshot:
         """Read the records of ``keys``; expired ones read as empty.

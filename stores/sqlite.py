@@ -91,8 +91,6 @@ class SqliteStore(Store):
         super().__init__(retention, **kwargs)
         self.path = path
         self._db = _open(path)
-        self.purged = 0
-        """Expired buckets and records deleted by this store's commits."""
         self._swept = {"buckets": "", "events": ""}
         """Where each table's sweep is: the last key it looked at."""
 
@@ -271,7 +269,7 @@ class SqliteStore(Store):
                     (start, found[0], now),
                 )
                 self._swept[table] = found[0]
-            self.purged += deleted.rowcount
+            self.expired_deleted += deleted.rowcount
 
     async def close(self) -> None:
         self._db.close()

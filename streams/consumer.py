@@ -85,6 +85,7 @@ class VelocityConsumer:
         self._stop_requested_at: float | None = None
         self._positions: dict[TopicPartition, int] = {}
         self._round_trips = engine.store.round_trips
+        self._expired = engine.store.expired_deleted
 
     # -- life cycle ---------------------------------------------------------------
 
@@ -184,7 +185,7 @@ class VelocityConsumer:
             results = await self._retrying("decide", lambda: self.engine.process(records))
             delivering = time.perf_counter()
             self.metrics.decision_seconds.observe(delivering - decided)
-            self._count_round_trips()
+            self._count_store_work()
 
             def key_of(result: Result) -> bytes | None:
                 src = result.record.source
@@ -323,10 +324,11 @@ class VelocityConsumer:
                     "true" if result.kind is OutcomeKind.DUPLICATE else "false",
                 ).inc()
 
-    def _count_round_trips(self) -> None:
-        now = self.engine.store.round_trips
-        self.metrics.store_round_trips.inc(max(0, now - self._round_trips))
-        self._round_trips = now
+    def _count_store_work(self) -> None:
+        store = self.engine.store
+        self.metrics.store_round_trips.inc(max(0, store.round_trips - self._round_trips))
+        self.metrics.store_expired_deleted.inc(max(0, store.expired_deleted - self._expired))
+        self._round_trips, self._expired = store.round_trips, store.expired_deleted
 
     def _update_lag(self) -> None:
         for tp, position in self._positions.items():

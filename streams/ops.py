@@ -119,6 +119,11 @@ class Metrics:
         self.store_round_trips = Counter(
             "limitflow_store_round_trips", "Requests sent to the state store", registry=r
         )
+        self.store_expired_deleted = Counter(
+            "limitflow_store_expired_deleted",
+            "Expired buckets and records deleted by the consumer's commits (sqlite)",
+            registry=r,
+        )
         self.retries = Counter(
             "limitflow_retries",
             "Retriable failures, by stage (decide, publish, commit)",

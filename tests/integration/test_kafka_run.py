@@ -485,6 +485,7 @@ async def test_verdicts_and_dead_letters_equal_replay(setup: Setup) -> None:
         in metrics
     )
     assert "limitflow_consumer_lag{" in metrics
+    assert "limitflow_store_expired_deleted_total 0.0" in metrics  # nothing expired yet
     assert setup.stop(proc) == 0
     logs = [json.loads(x) for x in setup.log(0).splitlines() if x.startswith("{")]
     assert any(x["msg"] == "partitions assigned" for x in logs)

@@ -126,7 +126,7 @@ async def test_expired_rows_are_deleted_as_commits_go_and_decisions_do_not_chang
         now[0] += 40 * 86_400  # past every expiry, the month bucket's too
         (fresh,) = await engine.process([payment("new-1", "2030-04-26")])
         assert fresh.decision == "accept"
-        assert store.purged == 5 + 8
+        assert store.expired_deleted == 5 + 8
         assert rows() == (1, 4)  # only new-1's record and buckets are left
         # an old event sent again is decided again, as it was when its record had
         # only expired on read: deletion changes no decision
