@@ -78,14 +78,23 @@ async def replay(
     batch_size: int = 2_000,
     total_bytes: int | None = None,
 ) -> ReplaySummary:
-    """Decide every event of ``source``; each non-blank line goes to exactly one output."""
+    """Decide every event of ``source``; each non-blank line goes to exactly one output.
+
+    When both outputs are one stream (``--output - --dead-letter -``), it gets verdicts
+    and dead letters together in input order.
+    """
     summary = ReplaySummary()
     progress = _Progress(total_bytes)
     started = time.perf_counter()
     for batch in read_batches(source, batch_size):
         results = await engine.process(batch)
-        verdicts.write(b"".join(_verdict_line(r, summary) for r in results))
-        dead_letters.write(b"".join(_dead_line(r, summary) for r in results))
+        if verdicts is dead_letters:
+            verdicts.write(
+                b"".join(_verdict_line(r, summary) + _dead_line(r, summary) for r in results)
+            )
+        else:
+            verdicts.write(b"".join(_verdict_line(r, summary) for r in results))
+            dead_letters.write(b"".join(_dead_line(r, summary) for r in results))
         summary.lines += len(batch)
         summary.seconds = time.perf_counter() - started
         position = source.tell() if total_bytes else None

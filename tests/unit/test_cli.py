@@ -335,6 +335,24 @@ def test_dead_letters_can_go_to_stdout(tmp_path: Path, rules: Path) -> None:
     assert summary(jsonl((tmp_path / "out.jsonl").read_bytes())) == [("p1", "accept", None, 1)]
 
 
+def test_both_outputs_on_stdout_come_in_input_order(tmp_path: Path, rules: Path) -> None:
+    result = limitflow(
+        "replay",
+        *("--rules", str(rules), "--input", "-", "--output", "-"),
+        *("--dead-letter", "-", "--store", "memory://"),
+        cwd=tmp_path,
+        stdin=b"nope\n" + pay("p1").encode() + b"\n{}\n" + pay("p2").encode() + b"\n",
+    )
+    assert result.returncode == 0
+    lines = jsonl(result.stdout)
+    assert [d.get("error") or d["event_id"] for d in lines] == [
+        "invalid_json",
+        "p1",
+        "invalid_event",
+        "p2",
+    ]
+
+
 # --- failures: non-zero with a one-line reason -------------------------------------------
 
 
