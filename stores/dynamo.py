@@ -11,7 +11,8 @@ not even an item that TTL deleted and a writer created again (its versions resta
 Reads are strongly consistent, or the version checks would be meaningless.
 
 Numbers are stored as DynamoDB ``N`` from Python ints (exact, minor units), verdicts as
-``B``; ``expires_at`` (epoch s) is the table's TTL attribute. DynamoDB deletes expired
+``B``, compressed (``stores.verdict_codec``: a record then takes one write unit, not two);
+``expires_at`` (epoch s) is the table's TTL attribute. DynamoDB deletes expired
 items late (up to days), so ``Store.load`` still treats them as absent itself.
 """
 
@@ -50,6 +51,7 @@ from limitflow.errors import (
 )
 from schemas.events import EventType
 from stores.base import Expected, Retention, Store
+from stores.verdict_codec import pack_verdict, unpack_verdict
 
 log = logging.getLogger("limitflow.stores.dynamo")
 
@@ -110,7 +112,7 @@ def _event_item(key: str, record: EventRecord) -> Item:
         "type": {"S": record.type.value},
         "accepted": {"BOOL": record.accepted},
         "seq": _n(record.seq),
-        "verdict": {"B": record.verdict},
+        "verdict": {"B": pack_verdict(record.verdict)},
         "amount": _n(record.amount),
         "reversed": _n(record.reversed),
         "buckets": {"L": [{"S": b} for b in record.buckets]},
@@ -151,7 +153,7 @@ def _add_item(snapshot: Snapshot, item: Mapping[str, Mapping[str, Any]]) -> None
             type=EventType(item["type"]["S"]),
             accepted=bool(item["accepted"]["BOOL"]),
             seq=int(item["seq"]["N"]),
-            verdict=bytes(item["verdict"]["B"]),
+            verdict=unpack_verdict(item["verdict"]["B"]),
             amount=int(item["amount"]["N"]),
             currency=None if currency is None else currency["S"],
             reversed=int(item["reversed"]["N"]),

@@ -58,6 +58,7 @@ from limitflow.errors import (
 )
 from schemas.events import EventType
 from stores.base import Expected, Retention, Store
+from stores.verdict_codec import pack_verdict, unpack_verdict
 
 Document = dict[str, Any]
 
@@ -413,7 +414,7 @@ def _event_doc(record: EventRecord) -> Document:
         "type": record.type.value,
         "accepted": record.accepted,
         "seq": _int64(record.seq, "event sequence"),
-        "verdict": Binary(record.verdict),
+        "verdict": Binary(pack_verdict(record.verdict)),
         "amount": _int64(record.amount, "event amount"),
         "currency": record.currency,
         "reversed": _int64(record.reversed, "reversed amount"),
@@ -433,7 +434,7 @@ def _event(doc: Mapping[str, Any]) -> EventRecord:
         type=EventType(doc["type"]),
         accepted=bool(doc["accepted"]),
         seq=int(doc["seq"]),
-        verdict=bytes(doc["verdict"]),
+        verdict=unpack_verdict(doc["verdict"]),
         amount=int(doc["amount"]),
         currency=doc.get("currency"),
         reversed=int(doc["reversed"]),

@@ -1,11 +1,11 @@
 """Embedded, durable store in one SQLite file (WAL, fsync on commit).
 
-Idempotency records are rows of a rowid table, their verdicts zstd-compressed: a record
-is ~1.5 KB of JSON, and a WITHOUT ROWID table keeps rows over ~1 KB (of a 4 KB page) in
-overflow pages, so each took a page of its own. The file grew 4.6 KB per event; now
-0.9 KB, and a replay is ~25% faster. Buckets and accounts are small rows, for which
-WITHOUT ROWID is the better layout. Files made before keep their tables and their
-uncompressed verdicts, and work unchanged.
+Idempotency records are rows of a rowid table, their verdicts compressed
+(``stores.verdict_codec``): a record is ~1.5 KB of JSON, and a WITHOUT ROWID table keeps
+rows over ~1 KB (of a 4 KB page) in overflow pages, so each took a page of its own. The
+file grew 4.6 KB per event; now 0.9 KB, and a replay is ~25% faster. Buckets and
+accounts are small rows, for which WITHOUT ROWID is the better layout. Files made before
+keep their tables and their uncompressed verdicts, and work unchanged.
 
 Several processes may share the file: a commit takes SQLite's write lock
 (``BEGIN IMMEDIATE``) and checks versions and expiries inside it.
@@ -31,12 +31,11 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import zstandard
-
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError, StoreNotInitialized, StoreUnavailable
 from schemas.events import EventType
 from stores.base import Expected, Retention, Store
+from stores.verdict_codec import pack_verdict, unpack_verdict
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
@@ -55,22 +54,8 @@ CREATE TABLE IF NOT EXISTS events (
 );
 """
 _CHUNK = 500
-_compress = zstandard.ZstdCompressor(level=1, write_checksum=False).compress
-_decompress = zstandard.ZstdDecompressor().decompress
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _OPEN_TIMEOUT = 30.0
 """Seconds to wait for another process holding the file's lock, at open and on commit."""
-
-
-def _pack(verdict: bytes) -> bytes:
-    """A verdict as stored: zstd, ~38% of the JSON (its field names and rule ids repeat)."""
-    return _compress(verdict)
-
-
-def _unpack(stored: bytes) -> bytes:
-    """The verdict bytes of a stored one; files written before compression hold JSON."""
-    data = bytes(stored)
-    return _decompress(data) if data[:4] == _ZSTD_MAGIC else data
 
 
 def _chunks(keys: Iterable[str]) -> Iterator[list[str]]:
@@ -142,7 +127,7 @@ class SqliteStore(Store):
                         type=EventType(row[3]),
                         accepted=bool(row[4]),
                         seq=row[5],
-                        verdict=_unpack(row[6]),
+                        verdict=unpack_verdict(row[6]),
                         amount=row[7],
                         currency=row[8],
                         reversed=row[9],
@@ -206,7 +191,7 @@ class SqliteStore(Store):
                     r.type.value,
                     int(r.accepted),
                     r.seq,
-                    _pack(r.verdict),
+                    pack_verdict(r.verdict),
                     r.amount,
                     r.currency,
                     r.reversed,
