@@ -142,7 +142,8 @@ def _rules_check(args: argparse.Namespace) -> int:
 def _note_wide_rules(rules: RuleSet) -> None:
     """Say so when more rules may apply to one event than every store can commit."""
     from handlers.decide import MAX_APPLICABLE_RULES
-    from stores.dynamo import MAX_TRANSACT_ITEMS
+    from stores.dynamo import DynamoStore
+    from streams.engine import max_applicable_rules
 
     currencies = {rule.currency for rule in rules.rules}
     widest = (
@@ -153,7 +154,7 @@ def _note_wide_rules(rules: RuleSet) -> None:
         if rules.rules
         else 0
     )
-    dynamo = MAX_TRANSACT_ITEMS - 3
+    dynamo = max_applicable_rules(DynamoStore.max_records_per_commit)
     if widest > dynamo:
         print(
             f"note: up to {widest} rules may apply to one event (match not counted); an event"

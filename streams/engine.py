@@ -60,6 +60,15 @@ class BatchStats:
     by_kind: dict[OutcomeKind, int] = field(default_factory=dict)
 
 
+def max_applicable_rules(max_records_per_commit: int | None) -> int:
+    """Most rules one event may match on a store committing at most that many records at
+    once: more, and its verdict or its one atomic commit (its buckets, the account
+    sequence, its own record and a reversed original's) would not fit, on any retry."""
+    if max_records_per_commit is None:
+        return MAX_APPLICABLE_RULES
+    return min(MAX_APPLICABLE_RULES, max_records_per_commit - 3)
+
+
 class Engine:
     """Decides batches of records against a store."""
 
@@ -68,12 +77,8 @@ class Engine:
         self.store = store
         self.max_conflict_retries = max_conflict_retries
         self.stats = BatchStats()
-        limit = store.max_records_per_commit
-        self.max_applicable = (
-            MAX_APPLICABLE_RULES if limit is None else min(MAX_APPLICABLE_RULES, limit - 3)
-        )
-        """Most rules one event may match: more, and its verdict or its one atomic commit
-        (buckets, account, its record, an original's) would not fit, on any retry."""
+        self.max_applicable = max_applicable_rules(store.max_records_per_commit)
+        """Most rules one event may match on this store."""
 
     async def process(self, records: Sequence[Record]) -> list[Result]:
         """Results for ``records``, in order, once every state change is committed.
