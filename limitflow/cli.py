@@ -74,12 +74,34 @@ def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
         yield handle  # type: ignore[misc]
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether two path arguments name one file (``-`` is the standard stream)."""
+    if a == "-" or b == "-":
+        return a == b
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist yet: compare the paths
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _is_regular(path: str) -> bool:
+    return path != "-" and os.path.isfile(path)
+
+
 async def _replay(args: argparse.Namespace) -> int:
     from handlers.decide import Decider
     from stores.base import Store
     from streams.engine import Engine
     from streams.replay import replay
 
+    for option, path in (("--output", args.output), ("--dead-letter", args.dead_letter)):
+        if _is_regular(args.input) and _same_file(args.input, path):
+            raise CommandFailed(
+                f"{option} {path} is the input file: it would be emptied before it is read",
+                EXIT_USAGE,
+            )
+    # one file for both: opened once, so that neither overwrites the other's lines
+    shared = _same_file(args.output, args.dead_letter)
     rules = _rules(args.rules)
     store = await open_ready_store(args.store)
     assert isinstance(store, Store)
@@ -87,7 +109,9 @@ async def _replay(args: argparse.Namespace) -> int:
         with (
             _open_binary(args.input, "rb") as source,
             _open_binary(args.output, "wb") as verdicts,
-            _open_binary(args.dead_letter, "wb") as dead,
+            contextlib.nullcontext(verdicts)
+            if shared
+            else _open_binary(args.dead_letter, "wb") as dead,
         ):
             size = os.fstat(source.fileno()).st_size if args.input != "-" else None
             try:

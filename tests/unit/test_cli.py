@@ -353,6 +353,42 @@ def test_both_outputs_on_stdout_come_in_input_order(tmp_path: Path, rules: Path)
     ]
 
 
+def test_one_file_for_both_outputs_keeps_every_line_in_input_order(
+    tmp_path: Path, rules: Path
+) -> None:
+    source = write(tmp_path / "in.jsonl", ["nope", pay("p1"), "{}", pay("p2")])
+    result = limitflow(
+        "replay",
+        *("--rules", str(rules), "--input", str(source), "--output", "all.jsonl"),
+        # the same file by another name: opening it twice, each truncating and writing
+        # from its own position, overwrote lines
+        *("--dead-letter", str(tmp_path / "." / "all.jsonl"), "--store", "memory://"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = jsonl((tmp_path / "all.jsonl").read_bytes())
+    assert [d.get("error") or d["event_id"] for d in lines] == [
+        "invalid_json",
+        "p1",
+        "invalid_event",
+        "p2",
+    ]
+
+
+@pytest.mark.parametrize("option", ["--output", "--dead-letter"])
+def test_an_output_that_is_the_input_file_is_refused_and_the_input_kept(
+    tmp_path: Path, rules: Path, option: str
+) -> None:
+    source = write(tmp_path / "in.jsonl", [pay("p1")])
+    before = source.read_bytes()
+    args = _replay_args(rules, source)
+    args[args.index(option) + 1] = "in.jsonl"
+    result = limitflow(*args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "is the input file" in one_line_reason(result)
+    assert source.read_bytes() == before
+
+
 # --- failures: non-zero with a one-line reason -------------------------------------------
 
 
