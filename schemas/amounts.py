@@ -73,12 +73,31 @@ def to_minor(value: object, exponent: int, *, allow_zero: bool = False) -> int:
     number = to_decimal(value)
     if number < 0:
         raise _not_positive(value, allow_zero)
-    if number and number.adjusted() + exponent >= MAX_DIGITS:  # before scaleb and int()
+    if number and number.adjusted() + exponent >= MAX_DIGITS:  # before building the int
         raise _too_large(value)
-    scaled = number.scaleb(exponent)
-    if scaled != scaled.to_integral_value():
+    # on the digits themselves: Decimal arithmetic (``scaleb``) rounds to 28 significant
+    # digits, which made 1.0000000000000000000000000001 CNY pass as 1.00
+    _, digits, exp = number.as_tuple()
+    assert isinstance(exp, int)  # finite
+    shift = exp + exponent
+    if shift < 0 and any(digits[shift:]):
         raise AmountError(f"{value!r} has more than {exponent} fraction digit(s) for this currency")
-    return _check_sign(int(scaled), value, allow_zero)
+    coefficient = int("".join(map(str, digits)))
+    minor = coefficient * 10**shift if shift >= 0 else coefficient // 10**-shift
+    return _check_sign(minor, value, allow_zero)
+
+
+def exact_text(number: Decimal) -> str:
+    """``number`` without trailing zeros, as ``Decimal.normalize()`` writes it but never
+    rounded (``normalize`` rounds to 28 significant digits): equal values, equal text."""
+    sign, digits, exp = number.as_tuple()
+    assert isinstance(exp, int)  # finite
+    end = len(digits)
+    while end > 1 and digits[end - 1] == 0:
+        end -= 1
+    if end == 1 and digits[0] == 0:
+        return "0"
+    return str(Decimal((sign, digits[:end], exp + len(digits) - end)))
 
 
 def _check_sign(minor: int, value: object, allow_zero: bool) -> int:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Final, TypeGuard
 import msgspec
 
 from limitflow.errors import LimitflowError
-from schemas.amounts import AmountError, to_decimal, to_minor
+from schemas.amounts import AmountError, exact_text, to_decimal, to_minor
 from schemas.currencies import MINOR_UNITS
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -270,7 +270,7 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
         # the same currency makes minor units comparable; without one, the exact value
         amount
         if amount is not None
-        else (None if amount_decimal is None else str(amount_decimal.normalize())),
+        else (None if amount_decimal is None else exact_text(amount_decimal)),
         currency,
         micros,
         doc.get("original_event_id"),  # on a payment too: a changed resend is no duplicate

@@ -196,6 +196,31 @@ def test_more_fraction_digits_than_the_currency_allows_is_invalid(
     assert "fraction digit" in error.detail
 
 
+@pytest.mark.parametrize(
+    "amount",
+    [
+        "1.0000000000000000000000000001",
+        "1.0000000000000000000000000000001",
+        "99.99999999999999999999999999999",
+        "1." + "0" * 100 + "1",
+    ],
+)
+def test_a_nonzero_digit_far_past_the_minor_unit_is_not_rounded_away(amount: str) -> None:
+    # Decimal arithmetic keeps 28 significant digits: these passed as 1.00 and 100.00
+    for text in (payment(amount=amount), with_amount_literal(amount, "CNY")):
+        error = refused(text)
+        assert error.error is DeadLetterError.INVALID_EVENT
+        assert "fraction digit" in error.detail
+
+
+def test_a_reversal_amount_past_28_digits_is_not_the_rounded_amount() -> None:
+    # a different payload: its fingerprint must differ from the rounded amount's
+    long = parse(reversal(amount="1.0000000000000000000000000000001"))
+    short = parse(reversal(amount="1"))
+    assert long.fingerprint != short.fingerprint
+    assert parse(reversal(amount="1.000")).fingerprint == short.fingerprint
+
+
 @pytest.mark.parametrize(("currency", "literal"), [("CNY", "10.005"), ("JPY", "100.5")])
 def test_json_numbers_with_too_many_fraction_digits_are_invalid(
     currency: str, literal: str
