@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
+from typing import Final
 
 _PLAIN = re.compile(r"(\d{1,30})(?:\.(\d{1,30}))?", re.ASCII)
 _DECIMAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
@@ -85,6 +86,22 @@ def to_minor(value: object, exponent: int, *, allow_zero: bool = False) -> int:
     coefficient = int("".join(map(str, digits)))
     minor = coefficient * 10**shift if shift >= 0 else coefficient // 10**-shift
     return _check_sign(minor, value, allow_zero)
+
+
+_PLAIN_DIGITS: Final = 64
+"""Longest plain form ``number_text`` writes; longer numbers keep an exponent."""
+
+
+def number_text(number: Decimal) -> str:
+    """The one text of a number's value, for comparing numbers as text: ``77``, ``77.0``
+    and ``7.7e1`` are all ``77``; ``0.50`` is ``0.5``. Plain unless that would be long."""
+    text = exact_text(number)
+    stripped = Decimal(text)
+    _, digits, exp = stripped.as_tuple()
+    assert isinstance(exp, int)  # finite
+    if exp >= -_PLAIN_DIGITS and len(digits) + exp <= _PLAIN_DIGITS:
+        return format(stripped, "f")
+    return text
 
 
 def exact_text(number: Decimal) -> str:

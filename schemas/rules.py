@@ -6,6 +6,7 @@ import enum
 import functools
 import hashlib
 import re
+from decimal import Decimal
 from typing import Annotated, Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
@@ -13,7 +14,7 @@ import msgspec
 import yaml
 
 from limitflow.errors import LimitflowError
-from schemas.amounts import AmountError, to_minor
+from schemas.amounts import AmountError, number_text, to_minor
 from schemas.currencies import MINOR_UNITS
 
 
@@ -49,7 +50,8 @@ class RuleDoc(msgspec.Struct, forbid_unknown_fields=True):
     max_amount: str | int | float | None = None
     """Decimal >= 0 in ``currency`` (a string keeps it exact)."""
     match: dict[str, Scalar | list[Scalar]] | None = None
-    """Every listed event field must equal one of the values (compared as text)."""
+    """Every listed event field must equal one of the values (compared as text; a
+    number as the text of its value)."""
     description: str | None = None
 
 
@@ -88,16 +90,125 @@ _SCOPE_FIELD: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
 def scalar_text(value: object) -> str | None:
-    """Text form of a scalar event value for scopes and matches; None for other values."""
+    """Text form of a scalar event value for scopes and matches; None for other values.
+
+    A number's text is its value's (``number_text``): ``77`` and ``77.0`` are one card,
+    and match ``[6011]`` alike. A string is itself: ``"0742"`` is not ``742``.
+    """
     if isinstance(value, str):
         return value
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
-    if value is None or isinstance(value, dict | list):
+    if isinstance(value, Decimal):  # a JSON number literal with a fraction or exponent
+        return number_text(value) if value.is_finite() else None
+    return None
+
+
+class _Unclear:
+    """A plain scalar whose YAML 1.1 reading differs from its text; refused after loading,
+    with the rule and field it is in."""
+
+    __slots__ = ("advice", "line", "reading", "text")
+
+    def __init__(self, node: yaml.ScalarNode, reading: str, advice: str) -> None:
+        self.text = str(node.value)
+        self.reading = reading
+        self.advice = advice
+        self.line = node.start_mark.line + 1
+
+    def __str__(self) -> str:
+        return f"{self.text} would be read as {self.reading}: {self.advice} (line {self.line})"
+
+
+class _RulesLoader(yaml.SafeLoader):
+    """YAML with no silent surprises in a file of limits.
+
+    PyYAML reads YAML 1.1, where ``NO`` is false, ``0742`` is octal 482 and ``1_000`` is
+    1000, and where a key written twice keeps its last value: a rule listing the country
+    NO or the MCC 0742 would never match, and a second ``rules:`` or ``max_count:``
+    would silently replace the first. Such a file is refused, saying where and why;
+    floats are kept as the text of their value (exact, as amounts must be), dates as
+    their text.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is written twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+    def construct_yaml_bool(self, node: yaml.ScalarNode) -> bool | _Unclear:  # type: ignore[override]
+        if node.value.lower() not in ("true", "false"):
+            reading = "true" if super().construct_yaml_bool(node) else "false"
+            return _Unclear(node, reading, f'write "{node.value}" for the text')
+        return bool(node.value.lower() == "true")
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int | _Unclear:  # type: ignore[override]
+        if not _YAML_DECIMAL_INT.fullmatch(node.value):
+            reading = str(super().construct_yaml_int(node))
+            return _Unclear(node, reading, f'write "{node.value}" for the text, or {reading}')
+        return int(node.value)
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> str | _Unclear:  # type: ignore[override]
+        if not _YAML_DECIMAL_FLOAT.fullmatch(node.value):
+            return _Unclear(node, "a float", "write a plain decimal, or quote it")
+        return number_text(Decimal(node.value))
+
+    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> str:  # type: ignore[override]
+        return str(node.value)
+
+
+def _refuse_unclear(data: Any) -> None:
+    """Raise ``RulesError`` for the first ``_Unclear`` scalar, naming its rule and field."""
+    rules = data.get("rules") if isinstance(data, dict) else None
+    for index, rule in enumerate(rules if isinstance(rules, list) else []):
+        if not isinstance(rule, dict):
+            continue
+        found = _unclear_in(rule, "")
+        if found is not None:
+            path, unclear = found
+            rule_id = rule.get("id")
+            where = f"rule {rule_id!r}" if isinstance(rule_id, str) else f"rules[{index}]"
+            raise RulesError(f"{where}: {path}: {unclear}")
+    found = _unclear_in(data, "")
+    if found is not None:
+        raise RulesError(f"{found[0] or 'rules file'}: {found[1]}")
+
+
+def _unclear_in(value: Any, path: str) -> tuple[str, _Unclear] | None:
+    if isinstance(value, _Unclear):
+        return path, value
+    if isinstance(value, dict):
+        items: Any = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((path, v) for v in value)
+    else:
         return None
-    return str(value)  # Decimal from a JSON number literal
+    for sub_path, item in items:
+        found = _unclear_in(item, sub_path)
+        if found is not None:
+            return found
+    return None
+
+
+_YAML_DECIMAL_INT: Final = re.compile(r"[-+]?(?:0|[1-9][0-9]*)", re.ASCII)
+_YAML_DECIMAL_FLOAT: Final = re.compile(
+    r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII
+)
+for _tag, _method in (
+    ("bool", _RulesLoader.construct_yaml_bool),
+    ("int", _RulesLoader.construct_yaml_int),
+    ("float", _RulesLoader.construct_yaml_float),
+    ("timestamp", _RulesLoader.construct_yaml_timestamp),
+):
+    _RulesLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _method)
 
 
 @functools.cache
@@ -158,9 +269,12 @@ def _compile(doc: RuleDoc) -> Rule:
 def parse_rules(text: str | bytes) -> RuleSet:
     """Validate a rules file (YAML or JSON) and compile it."""
     try:
-        data: Any = yaml.safe_load(text)
+        data: Any = yaml.load(text, Loader=_RulesLoader)  # noqa: S506 - a SafeLoader
+    except yaml.constructor.ConstructorError as exc:  # valid YAML, refused by _RulesLoader
+        raise RulesError(f"rules file: {_yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
         raise RulesError(f"not valid YAML: {_yaml_problem(exc)}") from None
+    _refuse_unclear(data)
     try:
         doc = msgspec.convert(data, RulesDoc)
     except msgspec.ValidationError as exc:

@@ -129,6 +129,50 @@ def test_match_and_multi_field_scope() -> None:
     assert verdicts[7]["violations"][0]["rule_id"] == "card-month"
 
 
+def raw_pay(event_id: str, extra: str) -> str:
+    """A payment with extra fields written as raw JSON (numbers exactly as given)."""
+    return pay(event_id, "1.00")[:-1] + ", " + extra + "}"
+
+
+def test_equal_numbers_are_one_scope_value_however_written() -> None:
+    rules = "rules:\n  - {id: card, scope: card_id, window: day, max_count: 1}\n"
+    verdicts = run(
+        raw_pay("e1", '"card_id": 77'),
+        raw_pay("e2", '"card_id": 77.0'),
+        raw_pay("e3", '"card_id": 7.70e1'),
+        raw_pay("e4", '"card_id": "77"'),
+        raw_pay("e5", '"card_id": 1E2'),
+        raw_pay("e6", '"card_id": 100'),
+        rules=rules,
+    )
+    # 77.0 was the bucket "77.0": one card counted twice as far
+    assert [v["decision"] for v in verdicts] == ["accept", *["reject"] * 3, "accept", "reject"]
+    assert verdicts[4]["limits"][0]["count_used"] == 1
+
+
+def test_a_number_matches_the_rule_value_it_equals() -> None:
+    rules = (
+        "rules:\n  - {id: m, window: day, max_count: 1,"
+        " match: {mcc: [6011], rate: [0.5], code: ['0742']}}\n"
+    )
+    verdicts = run(
+        raw_pay("e1", '"mcc": 6011.0, "rate": 0.50, "code": "0742"'),
+        raw_pay("e2", '"mcc": 6.011e3, "rate": 5e-1, "code": "0742"'),
+        raw_pay("e3", '"mcc": 6011, "rate": 0.5, "code": 742'),  # 742 is not the text 0742
+        rules=rules,
+    )
+    assert [v["decision"] for v in verdicts] == ["accept", "reject", "accept"]
+    assert verdicts[2]["limits"] == []
+
+
+def test_a_rule_on_type_applies_to_a_payment_that_leaves_type_out() -> None:
+    rules = "rules:\n  - {id: t, window: day, max_count: 1, match: {type: [payment]}}\n"
+    no_type = pay("e1", "1.00")
+    explicit = json.dumps({**json.loads(pay("e2", "1.00")), "type": "payment"})
+    verdicts = run(no_type, explicit, rules=rules)
+    assert [v["decision"] for v in verdicts] == ["accept", "reject"]
+
+
 def test_currency_filter() -> None:
     verdicts = run(pay("e1", "500", currency="JPY"), pay("e2", "500", currency="JPY"))
     assert [v["decision"] for v in verdicts] == ["accept", "accept"]

@@ -386,3 +386,64 @@ def test_a_limit_beyond_15_digits_in_minor_units_is_refused_by_name() -> None:
         parse_rules(
             'rules:\n  - {id: r1, window: day, currency: CNY, max_amount: "99999999999999999.00"}\n'
         )
+
+
+# --- YAML 1.1 readings that are not what the file says -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "reading"),
+    [
+        ("NO", "false"),  # Norway
+        ("yes", "true"),
+        ("off", "false"),
+        ("0742", "482"),  # an MCC, read as octal
+        ("1_000", "1000"),
+        ("0x1F", "31"),
+        ("1:30", "90"),  # sexagesimal
+    ],
+)
+def test_a_match_value_yaml_would_silently_change_is_refused(value: str, reading: str) -> None:
+    message = refusal(one_rule(f"window: day\nmax_count: 1\nmatch: {{code: [SE, {value}]}}"))
+    assert message.startswith(f"rule 'r1': match.code: {value} would be read as {reading}")
+    assert "line 5" in message
+
+
+def test_quoted_and_plain_values_that_mean_their_text_are_kept() -> None:
+    rules = parse_rules(
+        one_rule(
+            "window: day\ncurrency: CNY\nmax_count: 1\nmax_amount: 5000.10\n"
+            "match: {country: ['NO', SE], mcc: ['0742', 5411, 6011.0, 0],"
+            " atm: [true, False], day: [2026-01-01]}"
+        )
+    ).rules[0]
+    assert rules.max_amount == 500010
+    assert dict(rules.match) == {
+        "country": frozenset({"NO", "SE"}),
+        "mcc": frozenset({"0742", "5411", "6011", "0"}),
+        "atm": frozenset({"true", "false"}),
+        "day": frozenset({"2026-01-01"}),
+    }
+
+
+def test_a_float_limit_is_read_exactly() -> None:
+    rules = parse_rules(
+        one_rule("window: day\ncurrency: KWD\nmax_amount: 1234567890.123", "exact")
+    ).rules[0]
+    assert rules.max_amount == 1234567890123
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "rules:\n  - {id: strict, window: day, max_count: 1}\n"
+        "rules:\n  - {id: loose, window: day, max_count: 100}\n",
+        one_rule("window: day\nmax_count: 1\nmax_count: 100"),
+        one_rule("window: day\nmax_count: 1\nmatch: {channel: [atm], channel: [pos]}"),
+    ],
+    ids=["rules-twice", "max_count-twice", "match-field-twice"],
+)
+def test_a_key_written_twice_is_refused_not_overwritten(text: str) -> None:
+    message = refusal(text)
+    assert "is written twice in one mapping" in message
+    assert "line " in message
