@@ -52,28 +52,44 @@ def period_key(window: Window, local: datetime) -> str:
 class PeriodClock:
     """Period keys for one zone, cached per minute of epoch time.
 
-    Every zone offset in use is a whole number of minutes, so all instants within one
-    epoch minute share every period key; events arrive roughly in time order, so the
-    cache hit rate is high.
+    All instants of an epoch minute share every period key when the zone's offset is a
+    whole number of minutes throughout that minute, as every offset since 1972 is;
+    events arrive roughly in time order, so the cache hit rate is high. Older local mean
+    times have offsets with seconds (Africa/Monrovia was -0:44:30 until 1972): such a
+    minute straddles a local minute, and its keys are worked out for each instant.
     """
 
     __slots__ = ("_cache", "_zone")
 
     def __init__(self, zone: str) -> None:
         self._zone = ZoneInfo(zone)
-        self._cache: dict[int, dict[Window, str]] = {}
+        self._cache: dict[int, dict[Window, str] | None] = {}
+        """Keys of an epoch minute; None for a minute that is not one local minute."""
 
     def keys(self, epoch: int) -> dict[Window, str]:
         """All period keys of the instant ``epoch`` (seconds)."""
         minute = epoch // 60
-        found = self._cache.get(minute)
-        if found is None:
+        found = self._cache.get(minute, _UNKNOWN)
+        if found is _UNKNOWN:
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
             local = datetime.fromtimestamp(minute * 60, self._zone)
-            found = {window: period_key(window, local) for window in Window}
-            self._cache[minute] = found
+            last = datetime.fromtimestamp(minute * 60 + 59, self._zone)
+            offset = local.utcoffset()
+            if offset is not None and offset == last.utcoffset() and not offset.seconds % 60:
+                found = self._cache[minute] = _keys_of(local)
+            else:
+                found = self._cache[minute] = None
+        if found is None:
+            return _keys_of(datetime.fromtimestamp(epoch, self._zone))
         return found
+
+
+_UNKNOWN: Final[dict[Window, str]] = {}
+
+
+def _keys_of(local: datetime) -> dict[Window, str]:
+    return {window: period_key(window, local) for window in Window}
 
 
 @lru_cache(maxsize=64)

@@ -177,6 +177,27 @@ def test_the_clock_agrees_with_period_key_second_by_second(zone: str) -> None:
             assert clock.keys(second) == expected, (zone, second)
 
 
+@pytest.mark.parametrize(
+    ("zone", "start"),
+    [
+        ("Africa/Monrovia", "1971-06-01T00:43:30Z"),  # -0:44:30 until 1972
+        ("Africa/Monrovia", "1972-01-07T00:43:30Z"),  # the change to -0:44:30 -> UTC
+        ("Europe/Amsterdam", "1937-06-30T23:38:00Z"),  # +0:19:32 -> +0:20
+        ("Asia/Shanghai", "1900-12-31T15:53:00Z"),  # local mean time +8:05:43
+    ],
+)
+def test_offsets_with_seconds_give_the_local_period_of_each_instant(zone: str, start: str) -> None:
+    # the per-minute cache gave a whole epoch minute the keys of its first second, so
+    # 00:00:15 local on 1 June 1971 in Monrovia counted in 31 May
+    clock = PeriodClock(zone)
+    tz = ZoneInfo(zone)
+    first = epoch(start)
+    for second in range(first, first + 240):
+        local = datetime.fromtimestamp(second, tz)
+        expected = {w: period_key(w, local) for w in Window}
+        assert clock.keys(second) == expected, (zone, second)
+
+
 def test_clock_for_shares_one_clock_per_zone() -> None:
     assert clock_for("Asia/Shanghai") is clock_for("Asia/Shanghai")
     assert clock_for("Asia/Shanghai") is not clock_for("UTC")
