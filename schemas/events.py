@@ -82,12 +82,18 @@ class EventDoc(msgspec.Struct, forbid_unknown_fields=False):
         str,
         msgspec.Meta(
             description="RFC 3339 timestamp with a UTC offset or Z; naive times are invalid",
-            pattern=r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:\d{2})$",
+            pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?"
+            r"([Zz]|[+-][0-9]{2}:[0-9]{2})$",
+            max_length=64,
         ),
     ]
     type: EventType = EventType.PAYMENT
     amount: (
-        Annotated[str, msgspec.Meta(pattern=r"^\s*\d+(\.\d+)?\s*$")]
+        Annotated[
+            # [0-9], not \d: a validator's \d may take other scripts' digits
+            str,
+            msgspec.Meta(pattern=r"^\s*\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$"),
+        ]
         | Annotated[float, msgspec.Meta(gt=0)]
         | None
     ) = None
@@ -143,16 +149,24 @@ def _timestamp(value: object) -> tuple[str, int, int]:
             DeadLetterError.INVALID_EVENT,
             f"occurred_at: {value!r} has no UTC offset (use Z or +HH:MM)",
         )
+    leap = False
     try:
         if form is None:
             raise ValueError(value)
         # RFC 3339 allows a lower-case "z"; Python 3.11's fromisoformat does not
-        moment = datetime.fromisoformat(value[:-1] + "Z" if value[-1] == "z" else value)
+        text = value[:-1] + "Z" if value[-1] == "z" else value
+        if text[17:19] == "60":  # a leap second: Python's datetime has no second 60
+            text, leap = text[:17] + "59" + text[19:], True
+        moment = datetime.fromisoformat(text)
+        if leap and moment.astimezone(UTC).strftime("%H:%M") != "23:59":
+            raise ValueError(value)  # leap seconds are inserted at 23:59:60 UTC only
     except ValueError:
         raise EventRejected(
             DeadLetterError.INVALID_EVENT, f"occurred_at: {value!r} is not an RFC 3339 date-time"
         ) from None
     micros = (moment - _EPOCH) // _MICROSECOND
+    if leap:  # the last microsecond of 23:59:59: the same minute, day and year
+        micros = micros - micros % 1_000_000 + 999_999
     if not _FIRST_MICROS <= micros < _END_MICROS:
         raise EventRejected(
             DeadLetterError.INVALID_EVENT,

@@ -358,12 +358,28 @@ def test_a_naive_time_is_invalid(text: str) -> None:
         "20260131T235900Z",
         "\uff12\uff10\uff12\uff16-01-31T23:59:00Z",
         "2026-01-31T23:59:00" + "0" * 100 + "Z",
+        # second 60 exists only as a leap second, at 23:59:60 UTC
+        "2026-01-31T12:30:60Z",
+        "2016-12-31T23:59:60+08:00",
+        "2016-12-31T23:58:60Z",
     ],
 )
 def test_dates_and_malformed_times_are_invalid(text: str) -> None:
     error = refused(payment(occurred_at=text))
     assert error.error is DeadLetterError.INVALID_EVENT
     assert error.detail == f"occurred_at: {text!r} is not an RFC 3339 date-time"
+
+
+@pytest.mark.parametrize(
+    "text", ["2016-12-31T23:59:60Z", "2016-12-31T23:59:60.25Z", "2017-01-01T07:59:60+08:00"]
+)
+def test_a_leap_second_is_the_last_instant_of_its_minute(text: str) -> None:
+    # RFC 3339 allows second 60; Python's datetime has none, so it refused the event
+    event = parse(payment(occurred_at=text))
+    last = parse(payment(occurred_at="2016-12-31T23:59:59.999999Z"))
+    assert event.occurred_at == text
+    assert event.epoch == last.epoch
+    assert event.fingerprint == parse(payment(occurred_at="2016-12-31T23:59:60Z")).fingerprint
 
 
 @pytest.mark.parametrize("value", [_DROP, None, 1_769_903_940, ["2026-01-31T23:59:00Z"]])

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from handlers.decide import Decider, OutcomeKind
-from schemas.events import DeadLetterError
+from schemas.events import DeadLetterError, EventRejected, parse_event
 from schemas.generate import MODELS, OUT, render
 from schemas.rules import load_rules
 from schemas.verdicts import dead_letter, encode_dead_letter, verdict_encoder
@@ -65,6 +65,46 @@ def test_event_schema_refuses_a_naive_time() -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**event, "occurred_at": "2026-03-14 14:20:00"}, schema("event"))
     jsonschema.validate({**event, "occurred_at": "2026-03-14T14:20:00+08:00"}, schema("event"))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("occurred_at", "2026-03-14T14:20:00Z"),
+        ("occurred_at", "2026-03-14t14:20:00.123456789z"),
+        ("occurred_at", "2026-03-14 14:20:00-05:00"),
+        ("occurred_at", "2026-03-14T14:20Z"),  # no seconds: the schema took it
+        ("occurred_at", "2026-W11-6T14:20:00Z"),
+        ("occurred_at", "2026-03-14T14:20:00+0800"),
+        ("occurred_at", "2026-03-14T14:20:00"),
+        ("occurred_at", "2026-03-14T14:20:00." + "0" * 60 + "Z"),  # over 64 characters
+        ("amount", "12.50"),
+        ("amount", " 12.5 "),
+        ("amount", "1e3"),  # the schema refused it
+        ("amount", "+7"),
+        ("amount", ".5"),
+        ("amount", "1_000"),
+        ("amount", "\uff11\uff12"),  # fullwidth digits
+        ("amount", "12,50"),
+    ],
+)
+def test_the_event_schema_and_the_parser_agree_on_the_form_of_a_field(
+    field: str, value: str
+) -> None:
+    # other teams validate against the schema: it must take what limitflow takes
+    event = {"event_id": "e", "account_id": "a", "amount": "1", "currency": "CNY"}
+    event = {**event, "occurred_at": "2026-03-14T14:20:00Z", field: value}
+    try:
+        jsonschema.validate(event, schema("event"))
+        schema_takes = True
+    except jsonschema.ValidationError:
+        schema_takes = False
+    try:
+        parse_event(json.dumps(event))
+        parser_takes = True
+    except EventRejected:
+        parser_takes = False
+    assert schema_takes == parser_takes
 
 
 def test_a_dead_letter_over_the_message_limit_names_its_record_instead() -> None:
