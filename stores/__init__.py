@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
@@ -15,17 +16,25 @@ SCHEMES = ("memory", "sqlite", "mongodb", "dynamodb")
 def _retention(query: dict[str, list[str]]) -> Retention:
     """``bucket_retention_days`` / ``event_retention_days`` from a store URL's query."""
     defaults = Retention()
+    return Retention(
+        bucket_seconds=_seconds(query, "bucket_retention_days", defaults.bucket_seconds),
+        event_seconds=_seconds(query, "event_retention_days", defaults.event_seconds),
+    )
+
+
+def _seconds(query: dict[str, list[str]], name: str, default: int) -> int:
+    """A retention in whole seconds, at least one. Zero or less would write every record
+    already expired: each limit reads as empty, a resend is decided again."""
+    given = query.pop(name, None)
+    if not given:
+        return default
     try:
-        bucket_days = query.pop("bucket_retention_days", None)
-        event_days = query.pop("event_retention_days", None)
-        return Retention(
-            bucket_seconds=int(float(bucket_days[0]) * DAY)
-            if bucket_days
-            else defaults.bucket_seconds,
-            event_seconds=int(float(event_days[0]) * DAY) if event_days else defaults.event_seconds,
-        )
-    except ValueError as exc:
-        raise ConfigError(f"retention days must be numbers: {exc}") from None
+        days = float(given[0])
+    except ValueError:
+        raise ConfigError(f"{name}: {given[0]!r} is not a number of days") from None
+    if not math.isfinite(days) or days * DAY < 1:
+        raise ConfigError(f"{name}: {given[0]!r} must be a finite number of days, at least 1 s")
+    return int(days * DAY)
 
 
 def open_store(url: str, clock: Callable[[], float] = time.time) -> Store:

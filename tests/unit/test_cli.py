@@ -462,6 +462,26 @@ def test_an_unusable_store_fails(tmp_path: Path, rules: Path, store: str) -> Non
         assert "memory://" in reason and "sqlite://" in reason
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "bucket_retention_days=-1",  # every bucket written already expired: no limit held
+        "event_retention_days=0",  # every resend decided again
+        "bucket_retention_days=inf",  # was an OverflowError traceback
+        "event_retention_days=nan",
+        "bucket_retention_days=0.000001",  # under a second
+        "event_retention_days=ten",
+    ],
+)
+def test_a_retention_that_cannot_keep_state_is_refused(
+    tmp_path: Path, rules: Path, query: str
+) -> None:
+    source = write(tmp_path / "in.jsonl", [pay("p1")])
+    result = limitflow(*_replay_args(rules, source, f"memory://?{query}"), cwd=tmp_path)
+    assert result.returncode == 3
+    assert one_line_reason(result).startswith(f"limitflow: store: {query.split('=')[0]}: ")
+
+
 # --- stores: sqlite is durable, memory is not -------------------------------------------
 
 
