@@ -361,14 +361,23 @@ class DynamoStore(Store):
         try:
             waiter = client.get_waiter("table_exists")
             await waiter.wait(TableName=self.table, WaiterConfig={"Delay": 1, "MaxAttempts": 120})
-            ttl = await client.describe_time_to_live(TableName=self.table)
-            if ttl["TimeToLiveDescription"].get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
-                await client.update_time_to_live(
-                    TableName=self.table,
-                    TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"},
-                )
+            if not await self._ttl_on(client):
+                try:
+                    await client.update_time_to_live(
+                        TableName=self.table,
+                        TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"},
+                    )
+                except ClientError:
+                    # another `store init` enabled it meanwhile (a ValidationException):
+                    # what counts is that it is on now
+                    if not await self._ttl_on(client):
+                        raise
         except _DRIVER_ERRORS as exc:
             raise translate(exc, "enabling TTL") from exc
+
+    async def _ttl_on(self, client: Any) -> bool:
+        ttl = await client.describe_time_to_live(TableName=self.table)
+        return ttl["TimeToLiveDescription"].get("TimeToLiveStatus") in ("ENABLED", "ENABLING")
 
     async def _verify(self) -> None:
         client = await self._dynamodb()
