@@ -20,12 +20,13 @@ expired records; it is absent for records that never expire. The TTL monitor run
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from bson import Binary
 from pymongo import AsyncMongoClient, InsertOne, ReplaceOne
@@ -317,12 +318,14 @@ def split_url(url: str) -> tuple[str, str]:
     database = unquote(parts.path.lstrip("/")) or DEFAULT_DATABASE
     if "/" in database or any(c in database for c in ' ."$\\\0'):
         raise ConfigError(f"{_redact(url)}: {database!r} is not a MongoDB database name")
-    query = [
-        (name, value)
-        for name, value in parse_qsl(parts.query, keep_blank_values=True)
-        if name not in LIMITFLOW_PARAMS
-    ]
-    driver_url = urlunsplit((parts.scheme, parts.netloc, f"/{database}", urlencode(query), ""))
+    # the options as written, limitflow's taken out: encoding them again would turn
+    # readPreferenceTags=dc:ny into dc%3Any, which the driver refuses
+    query = "&".join(
+        option
+        for option in re.split(r"[&;]", parts.query)
+        if option and unquote(option.partition("=")[0]) not in LIMITFLOW_PARAMS
+    )
+    driver_url = urlunsplit((parts.scheme, parts.netloc, f"/{database}", query, ""))
     return driver_url, database
 
 

@@ -130,6 +130,17 @@ def test_url_limitflow_parameters_never_reach_the_driver() -> None:
     assert url == "mongodb://u:p%40ss@h1:1,h2:2/risk?replicaSet=rs0&w=majority"
 
 
+def test_url_options_reach_the_driver_as_written() -> None:
+    # re-encoded, readPreferenceTags=dc:ny became dc%3Any and the driver refused the URL
+    written = (
+        "readPreference=nearest&readPreferenceTags=dc:ny,rack:r1&readPreferenceTags="
+        "&authMechanismProperties=SERVICE_NAME:mongodb&appname=lim%20flow"
+    )
+    url, _ = split_url(f"mongodb://h:1/risk?bucket_retention_days=4&{written}")
+    assert url == f"mongodb://h:1/risk?{written}"
+    MongoStore.from_url(f"mongodb://h:1/risk?{written}")  # the driver takes them
+
+
 def test_url_errors_are_config_errors_without_the_password() -> None:
     with pytest.raises(ConfigError) as caught:
         split_url("mongodb://user:secret@h:1/a.b")
