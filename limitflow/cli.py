@@ -19,6 +19,8 @@ EXIT_OK = 0
 EXIT_INPUT = 1
 EXIT_USAGE = 2
 EXIT_STORE = 3
+REPLAY_CONFLICT_RETRIES = 1_000
+"""Conflicts in a row a replay retries (each after up to 0.5 s) before it gives up."""
 
 
 class CommandFailed(Exception):
@@ -116,7 +118,9 @@ async def _replay(args: argparse.Namespace) -> int:
             size = os.fstat(source.fileno()).st_size if args.input != "-" else None
             try:
                 summary = await replay(
-                    Engine(Decider(rules), store),
+                    # a replay has no caller to retry it: it waits out contention on
+                    # shared buckets (other writers) rather than stopping half done
+                    Engine(Decider(rules), store, max_conflict_retries=REPLAY_CONFLICT_RETRIES),
                     source,
                     verdicts,
                     dead,

@@ -105,11 +105,14 @@ class Engine:
         while pending:
             try:
                 pending = await self._decide_and_commit(records, pending, results)
-            except ConflictError:
+            except ConflictError as exc:
                 attempt += 1
                 self.stats.conflicts += 1
                 if attempt > self.max_conflict_retries:
-                    raise
+                    raise ConflictError(
+                        f"{attempt} conflicts in a row: other writers kept changing the"
+                        f" records this batch needs ({exc}); what was committed is kept"
+                    ) from exc
                 # contention on shared buckets: back off with jitter, then re-read
                 await asyncio.sleep(random.uniform(0, min(0.5, 0.002 * 2**attempt)))  # noqa: S311
         for result in results:

@@ -7,8 +7,13 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from handlers.decide import Decider, OutcomeKind
+from handlers.state import Writes
+from limitflow.errors import ConflictError
 from schemas.rules import parse_rules
+from stores.base import Expected
 from stores.memory import MemoryStore
 from streams.engine import Engine, Record
 
@@ -341,3 +346,33 @@ def test_a_scope_value_too_long_to_key_a_bucket_is_dead_lettered() -> None:
     )
     assert dead == ("dead", "invalid_event")
     assert ok["decision"] == "accept"
+
+
+class _Contended(MemoryStore):
+    """A store where another writer wins the first ``conflicts`` commits."""
+
+    def __init__(self, conflicts: int) -> None:
+        super().__init__()
+        self.left = conflicts
+
+    async def _write(self, writes: Writes, expected: Expected) -> None:
+        if self.left:
+            self.left -= 1
+            raise ConflictError("another writer won")
+        await super()._write(writes, expected)
+
+
+def test_conflicts_are_retried_and_the_batch_decided_as_if_there_were_none() -> None:
+    store = _Contended(conflicts=3)
+    engine = Engine(Decider(parse_rules(RULES)), store, max_conflict_retries=3)
+    lines = [pay("e1", "10.00"), pay("e2", "20.00")]
+    results = asyncio.run(engine.process([Record(x.encode(), {"line": 1}) for x in lines]))
+    assert [r.kind for r in results] == [OutcomeKind.VERDICT, OutcomeKind.VERDICT]
+    assert engine.stats.conflicts == 3
+    assert [json.loads(r.verdict or b"")["seq"] for r in results] == [1, 2]
+
+
+def test_giving_up_on_conflicts_says_so() -> None:
+    engine = Engine(Decider(parse_rules(RULES)), _Contended(conflicts=9), max_conflict_retries=2)
+    with pytest.raises(ConflictError, match="3 conflicts in a row: other writers kept changing"):
+        asyncio.run(engine.process([Record(pay("e1", "10.00").encode(), {"line": 1})]))
