@@ -25,7 +25,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from bson import Binary
@@ -82,6 +82,7 @@ COMMIT_ATTEMPTS = 3
 # fresh read. WriteConflict, LockTimeout, NoSuchTransaction (aborted under us),
 # TransactionCoordinatorSteppingDown / ...ReachedAbortDecision, TransactionTooOld.
 _CONFLICT_CODES = frozenset({112, 24, 251, 244, 282, 225})
+_ILLEGAL_OPERATION: Final = 20
 _DUPLICATE_KEY = 11000
 _NOT_INITIALIZED_CODES = frozenset({26})  # NamespaceNotFound
 _UNAVAILABLE_CODES = frozenset(
@@ -482,6 +483,12 @@ def _translate(exc: PyMongoError) -> StoreError:
             return StoreNotInitialized(f"MongoDB: {exc}: run `limitflow store init`")
         if exc.code in _UNAVAILABLE_CODES or exc.has_error_label("UnknownTransactionCommitResult"):
             return StoreUnavailable(f"MongoDB unavailable: {exc}")
+        if exc.code == _ILLEGAL_OPERATION:  # what a standalone mongod says to a transaction
+            return StoreRejected(
+                f"MongoDB refused the request: {exc} (limitflow commits in transactions, which"
+                " need a replica set or mongos; one server can run as a one-member replica"
+                " set: mongod --replSet rs0, then rs.initiate())"
+            )
         return StoreRejected(f"MongoDB refused the request: {exc}")
     if exc.has_error_label("UnknownTransactionCommitResult"):
         return StoreUnavailable(f"MongoDB commit outcome unknown: {exc}")

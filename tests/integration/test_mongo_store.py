@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from pymongo import AsyncMongoClient
+from pymongo.errors import OperationFailure
 
 from handlers.state import Account, Bucket, EventRecord, Keys, Writes
 from limitflow.errors import (
@@ -35,7 +36,7 @@ from limitflow.errors import (
 from schemas.events import EventType
 from stores import open_store
 from stores.base import DAY, Retention
-from stores.mongo import TTL_INDEX, MongoStore, split_url
+from stores.mongo import TTL_INDEX, MongoStore, _translate, split_url
 
 REPO = Path(__file__).resolve().parents[2]
 LIMITFLOW = [sys.executable, "-m", "limitflow"]
@@ -139,6 +140,18 @@ def test_url_options_reach_the_driver_as_written() -> None:
     url, _ = split_url(f"mongodb://h:1/risk?bucket_retention_days=4&{written}")
     assert url == f"mongodb://h:1/risk?{written}"
     MongoStore.from_url(f"mongodb://h:1/risk?{written}")  # the driver takes them
+
+
+def test_a_server_without_transactions_is_refused_with_what_to_do() -> None:
+    # a standalone mongod answers the first transaction with code 20 (not testable here:
+    # mongoeco, the only server on these machines, runs transactions on one node)
+    refused = _translate(
+        OperationFailure(
+            "Transaction numbers are only allowed on a replica set member or mongos", code=20
+        )
+    )
+    assert isinstance(refused, StoreRejected)
+    assert "replica set" in str(refused) and "rs.initiate()" in str(refused)
 
 
 def test_url_errors_are_config_errors_without_the_password() -> None:
