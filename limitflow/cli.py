@@ -105,16 +105,14 @@ async def _replay(args: argparse.Namespace) -> int:
     # one file for both: opened once, so that neither overwrites the other's lines
     shared = _same_file(args.output, args.dead_letter)
     rules = _rules(args.rules)
-    store = await open_ready_store(args.store)
-    assert isinstance(store, Store)
-    try:
-        with (
-            _open_binary(args.input, "rb") as source,
-            _open_binary(args.output, "wb") as verdicts,
-            contextlib.nullcontext(verdicts)
-            if shared
-            else _open_binary(args.dead_letter, "wb") as dead,
-        ):
+    with contextlib.ExitStack() as files:
+        # the input first: an unreadable one fails before a sqlite file is made for it
+        source = files.enter_context(_open_binary(args.input, "rb"))
+        store = await open_ready_store(args.store)
+        assert isinstance(store, Store)
+        try:
+            verdicts = files.enter_context(_open_binary(args.output, "wb"))
+            dead = verdicts if shared else files.enter_context(_open_binary(args.dead_letter, "wb"))
             size = os.fstat(source.fileno()).st_size if args.input != "-" else None
             try:
                 summary = await replay(
@@ -131,8 +129,8 @@ async def _replay(args: argparse.Namespace) -> int:
                 raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
             except OSError as exc:
                 raise CommandFailed(f"cannot read {args.input}: {exc}", EXIT_INPUT) from None
-    finally:
-        await store.close()
+        finally:
+            await store.close()
     print(
         f"{summary.lines} events: {summary.accepted} accepted, {summary.rejected} rejected, "
         f"{summary.duplicates} duplicates, {summary.dead_letters} dead letters "

@@ -6,7 +6,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
 from handlers.decide import OutcomeKind
 from schemas.verdicts import dead_letter, verdict_encoder
@@ -26,11 +26,19 @@ class ReplaySummary:
     seconds: float = 0.0
 
 
+_BOM: Final = b"\xef\xbb\xbf"
+
+
 def read_batches(source: BinaryIO, batch_size: int) -> Iterator[list[Record]]:
-    """Non-blank lines as records with their 1-based line numbers, in batches."""
+    """Non-blank lines as records with their 1-based line numbers, in batches.
+
+    A UTF-8 byte order mark starting the file is not part of its first line (editors on
+    Windows write one; RFC 8259 lets a reader ignore it)."""
     batch: list[Record] = []
     for number, line in enumerate(source, start=1):
         raw = line.rstrip(b"\r\n")
+        if number == 1 and raw.startswith(_BOM):
+            raw = raw[len(_BOM) :]
         if not raw.strip():
             continue
         batch.append(Record(raw, {"line": number}))

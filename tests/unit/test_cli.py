@@ -389,6 +389,17 @@ def test_an_output_that_is_the_input_file_is_refused_and_the_input_kept(
     assert source.read_bytes() == before
 
 
+def test_a_byte_order_mark_starting_the_file_is_not_part_of_the_first_event(
+    tmp_path: Path, rules: Path
+) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"\xef\xbb\xbf" + pay("p1").encode() + b"\n" + pay("p2").encode() + b"\n")
+    result = limitflow(*_replay_args(rules, source), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "dead.jsonl").read_bytes() == b""
+    assert [v["event_id"] for v in jsonl((tmp_path / "out.jsonl").read_bytes())] == ["p1", "p2"]
+
+
 # --- failures: non-zero with a one-line reason -------------------------------------------
 
 
@@ -438,6 +449,12 @@ def test_a_missing_input_fails(tmp_path: Path, rules: Path) -> None:
     assert one_line_reason(result) == (
         "limitflow: cannot open missing.jsonl: No such file or directory"
     )
+
+
+def test_a_missing_input_leaves_no_store_file_behind(tmp_path: Path, rules: Path) -> None:
+    result = limitflow(*_replay_args(rules, "missing.jsonl", "sqlite:///state.db"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert not (tmp_path / "state.db").exists()
 
 
 def test_a_directory_as_input_fails(tmp_path: Path, rules: Path) -> None:
