@@ -46,10 +46,16 @@ def split_bucket_key(key: str) -> tuple[str, str]:
     return rule_id, period
 
 
+_ABSENT_AS: Final = {"type": EventType.PAYMENT.value}
+"""What a field a rule scopes or matches by means when an event leaves it out: a payment
+need not say that it is one. (Only payments are planned.)"""
+
+
 class _CompiledRule:
     """A rule plus what the hot path needs precomputed."""
 
     __slots__ = (
+        "absent_as",
         "amount_exp",
         "clock",
         "count_limit_text",
@@ -72,7 +78,8 @@ class _CompiledRule:
         self.currency = rule.currency
         self.scope = rule.scope
         self.simple_scope = rule.scope[0] if len(rule.scope) == 1 else None
-        self.match = rule.match
+        self.match = tuple((name, allowed, _ABSENT_AS.get(name)) for name, allowed in rule.match)
+        self.absent_as = _ABSENT_AS.get(self.simple_scope or "")
         self.max_count = rule.max_count
         self.max_amount = rule.max_amount
         self.amount_exp = MINOR_UNITS[rule.currency] if rule.currency else None
@@ -165,18 +172,19 @@ class Decider:
             )
         for c in candidates:
             if c.simple_scope is not None:
-                raw = fields.get(c.simple_scope)
+                raw = fields.get(c.simple_scope, c.absent_as)
                 if raw is None:
                     continue
                 value = raw if type(raw) is str else _scope_text(c.simple_scope, raw)
                 values: tuple[str, ...] = (value,)
             else:
-                scoped = [fields.get(name) for name in c.scope]
+                scoped = [fields.get(name, _ABSENT_AS.get(name)) for name in c.scope]
                 if any(v is None for v in scoped):
                     continue
                 values = tuple(_scope_text(n, v) for n, v in zip(c.scope, scoped, strict=True))
             if c.match and not all(
-                scalar_text(fields.get(name)) in allowed for name, allowed in c.match
+                scalar_text(fields.get(name, absent)) in allowed
+                for name, allowed, absent in c.match
             ):
                 continue
             period = c.clock.keys(event.epoch)[c.window]

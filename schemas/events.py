@@ -291,8 +291,6 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
         extras,
     )
     fingerprint = hashlib.blake2b(_fingerprint_encoder.encode(canonical), digest_size=16)
-    # rules may scope or match by any field, ``type`` included: absent, it is a payment
-    doc.setdefault("type", kind.value)
     return Event(
         event_id=event_id,
         type=kind,
