@@ -12,7 +12,7 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from limitflow.errors import ConfigError
 
@@ -193,21 +193,30 @@ def load_env_settings(cls: type[_T], env: Mapping[str, str]) -> _T:
     return _build(cls, {}, env)
 
 
-def _check(settings: KafkaSettings) -> KafkaSettings:
-    for host_port in settings.bootstrap_servers.split(","):
+def check_bootstrap(servers: str) -> None:
+    """Refuse a bootstrap list with an empty or malformed ``HOST:PORT`` (a trailing comma
+    made aiokafka fall back to localhost:9092, another broker than the one named)."""
+    for host_port in servers.split(","):
         host, sep, port = host_port.strip().rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ConfigError(
-                f"bootstrap_servers: expected HOST:PORT[,HOST:PORT…], got "
-                f"{settings.bootstrap_servers!r}"
+                f"bootstrap_servers: expected HOST:PORT[,HOST:PORT…], got {servers!r}"
             )
+
+
+def _check(settings: KafkaSettings) -> KafkaSettings:
+    check_bootstrap(settings.bootstrap_servers)
     check_topics(settings.input_topic, settings.output_topic, settings.dead_letter_topic)
     return settings
 
 
-def _positive(name: str, value: int, *, zero_ok: bool = False) -> None:
+def check_positive(name: str, value: int, *, zero_ok: bool = False) -> None:
+    """Refuse a count or duration below 1 (below 0 with ``zero_ok``)."""
     if value < 0 or (value == 0 and not zero_ok):
         raise ConfigError(f"{name} ({env_name(name)}) must be {'>= 0' if zero_ok else '> 0'}")
+
+
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunSettings:
@@ -225,13 +234,17 @@ def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunS
         "retry_max_ms",
         "session_timeout_ms",
     ):
-        _positive(name, getattr(settings, name))
-    _positive("shutdown_grace_ms", settings.shutdown_grace_ms, zero_ok=True)
-    _positive("max_message_bytes", kafka.max_message_bytes)
+        check_positive(name, getattr(settings, name))
+    check_positive("shutdown_grace_ms", settings.shutdown_grace_ms, zero_ok=True)
+    check_positive("max_message_bytes", kafka.max_message_bytes)
     if not 0 <= settings.http_port <= 65_535:
         raise ConfigError(f"http_port ({env_name('http_port')}) must be 0..65535")
     if settings.log_format not in ("json", "text"):
         raise ConfigError(f"log_format ({env_name('log_format')}) must be json or text")
+    if settings.log_level.upper() not in LOG_LEVELS:
+        raise ConfigError(
+            f"log_level ({env_name('log_level')}) must be one of {', '.join(LOG_LEVELS)}"
+        )
     return settings
 
 
@@ -239,6 +252,6 @@ def load_topic_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> To
     """``TopicSettings`` from parsed flags (None = not given) over ``env`` over defaults."""
     kafka = _check(_build(KafkaSettings, values, env))
     settings = _build(TopicSettings, values, env, kafka=kafka)
-    _positive("partitions", settings.partitions)
-    _positive("replication_factor", settings.replication_factor)
+    check_positive("partitions", settings.partitions)
+    check_positive("replication_factor", settings.replication_factor)
     return settings

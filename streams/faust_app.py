@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,7 +43,14 @@ from mode.supervisors import CrashingSupervisor
 
 from handlers.decide import Decider
 from limitflow.errors import ConfigError, LimitflowError
-from limitflow.settings import DEFAULT_STORE, check_topics, load_env_settings
+from limitflow.settings import (
+    DEFAULT_STORE,
+    check_bootstrap,
+    check_positive,
+    check_topics,
+    env_name,
+    load_env_settings,
+)
 from schemas.rules import RulesError, RuleSet, load_rules
 from stores.base import Store
 from streams.engine import Engine, Record, Result
@@ -89,7 +97,22 @@ class FaustSettings:
     def from_env(cls, env: Mapping[str, str]) -> FaustSettings:
         """Settings from ``LIMITFLOW_*`` variables over the defaults."""
         settings = load_env_settings(cls, env)
+        # the checks of `limitflow run`'s settings, for the same variables
+        check_bootstrap(settings.bootstrap_servers)
         check_topics(settings.input_topic, settings.output_topic, settings.dead_letter_topic)
+        for name in (
+            "batch_size",
+            "max_message_bytes",
+            "fetch_max_wait_ms",
+            "partitions",
+            "session_timeout_ms",
+            "retry_initial_ms",
+            "retry_max_ms",
+        ):
+            check_positive(name, getattr(settings, name))
+        check_positive("batch_wait_ms", settings.batch_wait_ms, zero_ok=True)
+        if not 0 <= settings.web_port <= 65_535:
+            raise ConfigError(f"web_port ({env_name('web_port')}) must be 0..65535")
         return settings
 
 
@@ -282,7 +305,12 @@ def build_app(settings: FaustSettings) -> faust.App:
 def __getattr__(name: str) -> Any:
     """``streams.faust_app.app``, built from the environment on first access."""
     if name == "app":
-        app = build_app(FaustSettings.from_env(os.environ))
+        try:
+            app = build_app(FaustSettings.from_env(os.environ))
+        except (ConfigError, RulesError) as exc:
+            # one line for a bad variable or rules file, as `limitflow run` gives
+            print(f"limitflow: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         globals()["app"] = app
         return app
     raise AttributeError(name)

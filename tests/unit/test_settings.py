@@ -84,6 +84,8 @@ def test_missing_settings_name_flag_and_variable() -> None:
         ("bootstrap_servers", "no-port"),
         ("output_topic", "events"),
         ("log_format", "xml"),
+        ("log_level", "verbose"),  # was a ValueError traceback from logging
+        ("bootstrap_servers", "127.0.0.1:9092,"),
     ],
 )
 def test_bad_values_are_config_errors(name: str, value: str) -> None:
@@ -125,6 +127,46 @@ def test_faust_settings_come_from_the_same_loader() -> None:
         FaustSettings.from_env({**env, "LIMITFLOW_BATCH_SIZE": "many"})
     with pytest.raises(ConfigError, match="three different topics"):
         FaustSettings.from_env({**env, "LIMITFLOW_OUTPUT_TOPIC": "limitflow.events"})
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        # aiokafka took the empty entry for localhost:9092, another broker
+        ("BOOTSTRAP_SERVERS", "127.0.0.1:19092,"),
+        ("SESSION_TIMEOUT_MS", "-1"),  # looped on "Heartbeat session expired"
+        ("BATCH_SIZE", "0"),
+        ("RETRY_INITIAL_MS", "-5"),  # no backoff in an outage
+        ("BATCH_WAIT_MS", "-1"),
+        ("WEB_PORT", "70000"),
+    ],
+)
+def test_faust_settings_are_checked_as_run_settings_are(name: str, value: str) -> None:
+    from streams.faust_app import FaustSettings
+
+    env = {"LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092", "LIMITFLOW_RULES": "r.yaml"}
+    with pytest.raises(ConfigError, match=name.lower()):
+        FaustSettings.from_env({**env, f"LIMITFLOW_{name}": value})
+
+
+def test_a_faust_worker_with_a_bad_setting_says_so_in_one_line(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
+        "LIMITFLOW_RULES": str(tmp_path / "missing.yaml"),
+    }
+    worker = subprocess.run(
+        [sys.executable, "-c", "import streams.faust_app as m; m.app"],
+        env=env,
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    assert worker.returncode == 2
+    assert worker.stderr.decode().strip().splitlines() == [
+        f"limitflow: rules: cannot read rules file {tmp_path / 'missing.yaml'}: "
+        "No such file or directory"
+    ]
 
 
 _FAUST_CONSUMER_WAIT = """
