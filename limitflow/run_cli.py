@@ -181,15 +181,24 @@ def _producer(kafka: KafkaSettings, transactional_id: str | None = None) -> AIOK
     )
 
 
+class StoppedBeforeStart(Exception):
+    """A stop was asked for while the brokers could not be reached yet: nothing to finish."""
+
+
 async def _started(
-    what: str, build: Callable[[], Any], stop: Callable[[], bool], settings: RunSettings | None
+    what: str, build: Callable[[], Any], stop: asyncio.Event, settings: RunSettings | None
 ) -> Any:
-    """Start a client built by ``build``, retrying (rebuilt each time) while brokers are down."""
+    """Start a client built by ``build``, retrying (rebuilt each time) while brokers are down.
+
+    Raises ``StoppedBeforeStart`` once ``stop`` is set (it also ends the wait between
+    tries): nothing was consumed, so stopping then is no failure."""
     from streams.output import translate
 
     delay = (settings.retry_initial_ms if settings else 200) / 1000
     ceiling = (settings.retry_max_ms if settings else 30_000) / 1000
     while True:
+        if stop.is_set():
+            raise StoppedBeforeStart(what)
         client = build()
         try:
             await client.start()
@@ -198,10 +207,13 @@ async def _started(
             error = translate(exc)
             with contextlib.suppress(Exception):
                 await (client.close() if hasattr(client, "close") else client.stop())
-            if not getattr(error, "retriable", False) or stop():
+            if not getattr(error, "retriable", False):
                 raise error from exc
+            if stop.is_set():
+                raise StoppedBeforeStart(what) from None
             log.warning("%s cannot reach Kafka, retrying in %.1fs: %s", what, delay, exc)
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
             delay = min(ceiling, delay * 2)
 
 
@@ -239,6 +251,7 @@ async def _run(args: argparse.Namespace) -> int:
     )
     from limitflow.errors import BrokerError, StoreError
     from streams.ops import configure_logging
+    from streams.topics import TopicError
 
     settings = _settings(lambda: load_run_settings(_values(args), os.environ))
     configure_logging(settings.log_level, settings.log_format)
@@ -252,6 +265,8 @@ async def _run(args: argparse.Namespace) -> int:
     except BrokerError as exc:
         log.error("kafka failed for good: %s", exc)
         raise CommandFailed(f"kafka: {exc}", EXIT_BROKER) from None
+    except TopicError as exc:  # --create-topics refused, as `limitflow topics create` says
+        raise CommandFailed(str(exc), EXIT_BROKER) from None
     except LookupError as exc:
         raise CommandFailed(str(exc.args[0]), EXIT_USAGE) from None
     finally:
@@ -277,7 +292,12 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
     loop = asyncio.get_running_loop()
     runner: VelocityConsumer | None = None
 
+    closing = False
+
     def on_signal(sig: signal.Signals) -> None:
+        if closing:
+            log.info("received %s: already closing the Kafka clients", sig.name)
+            return
         log.info("received %s", sig.name)
         if runner is not None:
             runner.request_stop(now=stop.is_set())
@@ -289,12 +309,12 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
     output: Output | None = None
     try:
         if settings.create_topics:
-            admin = await _started("admin", lambda: _admin(settings.kafka), stop.is_set, settings)
+            admin = await _started("admin", lambda: _admin(settings.kafka), stop, settings)
             try:
                 await create_topics(admin, settings.topics)
             finally:
                 await admin.close()
-        consumer = await _started("consumer", lambda: _consumer(settings), stop.is_set, settings)
+        consumer = await _started("consumer", lambda: _consumer(settings), stop, settings)
         existing = await consumer.topics()
         kafka = settings.kafka
         missing = [
@@ -312,7 +332,7 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
                 lambda tid: _producer(kafka, tid), consumer, settings.group_id
             )
         else:
-            producer = await _started("producer", lambda: _producer(kafka), stop.is_set, settings)
+            producer = await _started("producer", lambda: _producer(kafka), stop, settings)
             output = AtLeastOnceOutput(producer, consumer)
         engine = Engine(Decider(rules), store)
         runner = VelocityConsumer(settings, engine, consumer, output, health, metrics)
@@ -331,9 +351,12 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
         started = time.monotonic()
         await runner.run()
         log.info("ran for %.1fs", time.monotonic() - started)
+    except StoppedBeforeStart as exc:
+        log.info("stopped before the %s could reach Kafka; nothing was consumed", exc)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+        # the handlers stay until the clients are closed: a second signal during the
+        # close (up to 25 s) must not kill the process before it leaves its group
+        closing = True
         if output is not None:
             await output.close()
         if consumer is not None:
@@ -341,4 +364,6 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
                 await asyncio.wait_for(consumer.stop(), 15)
         if ops:
             await ops.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
     return 0

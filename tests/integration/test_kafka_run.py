@@ -789,3 +789,49 @@ async def test_a_dead_letter_larger_than_a_kafka_message_does_not_stop_run(
         assert s.stop(proc) == 0
     finally:
         s.kill_all()
+
+
+async def test_topics_the_broker_refuses_to_create_stop_run_in_one_line(
+    noida: Any, tmp_path: Path
+) -> None:
+    # a replication factor the one broker cannot give: a TopicError traceback, exit 1
+    s = Setup(noida.bootstrap_servers, tmp_path, f"rf-{random.randrange(10**6)}")
+    proc = s.run("--create-topics", "--replication-factor", "3")
+    assert proc.wait(60) == 4
+    out = s.log(0)
+    assert "Traceback" not in out
+    assert out.strip().splitlines()[-1].startswith("limitflow: cannot create topics: ")
+
+
+def test_a_stop_before_kafka_is_reachable_exits_0_at_once(tmp_path: Path) -> None:
+    # was: "kafka failed for good", exit 4, after the retry wait in hand (up to 30 s)
+    s = Setup(f"127.0.0.1:{_free_port()}", tmp_path, "unreachable")
+    proc = s.run("--retry-initial-ms", "20000", "--retry-max-ms", "20000")
+    wait_for(lambda: "cannot reach Kafka" in s.log(0), 30, "a failed connection")
+    started = time.monotonic()
+    assert s.stop(proc, timeout=10) == 0, s.log(0)[-2000:]
+    assert time.monotonic() - started < 5
+    assert "failed for good" not in s.log(0)
+
+
+async def test_a_second_signal_while_closing_does_not_cut_the_close_short(
+    noida: Any, tmp_path: Path
+) -> None:
+    # the handlers were removed before the clients closed: a second Ctrl-C then raised
+    # KeyboardInterrupt (exit 130), and the member never left its group. A frozen broker
+    # keeps the close (leaving the group) going long enough to signal during it.
+    s = Setup(noida.bootstrap_servers, tmp_path, f"sig-{random.randrange(10**6)}")
+    s.create_topics()
+    proc = s.run()
+    broker = _pid(noida)
+    try:
+        wait_for(lambda: "partitions assigned" in s.log(0), 60, "an assignment")
+        os.kill(broker, signal.SIGSTOP)
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "ran for" in s.log(0), 60, "the consumer loop to end")
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "already closing" in s.log(0), 10, "the second signal to be heard")
+    finally:
+        os.kill(broker, signal.SIGCONT)
+    assert proc.wait(60) == 0, s.log(0)[-2000:]
