@@ -38,12 +38,13 @@ def _rules(path: str) -> RuleSet:
         raise CommandFailed(f"rules: {exc}", EXIT_USAGE) from None
 
 
-async def open_ready_store(url: str) -> object:
-    """Open the store of ``url``; embedded stores are created, servers must be initialised."""
+async def open_ready_store(url: str, *, lock_wait: float | None = None) -> object:
+    """Open the store of ``url``; embedded stores are created, servers must be initialised.
+    ``lock_wait``: see ``stores.open_store``."""
     from stores import open_store
 
     try:
-        store = open_store(url)
+        store = open_store(url, lock_wait=lock_wait)
         try:
             if url.startswith(("memory:", "sqlite:")):
                 await store.init()

@@ -256,7 +256,9 @@ async def _run(args: argparse.Namespace) -> int:
     settings = _settings(lambda: load_run_settings(_values(args), os.environ))
     configure_logging(settings.log_level, settings.log_format)
     rules = _rules(settings.rules)
-    store = await open_ready_store(settings.store)
+    from stores.sqlite import CONSUMER_LOCK_WAIT
+
+    store = await open_ready_store(settings.store, lock_wait=CONSUMER_LOCK_WAIT)
     try:
         return await serve(settings, rules, store)
     except StoreError as exc:

@@ -37,11 +37,15 @@ def _seconds(query: dict[str, list[str]], name: str, default: int) -> int:
     return int(days * DAY)
 
 
-def open_store(url: str, clock: Callable[[], float] = time.time) -> Store:
+def open_store(
+    url: str, clock: Callable[[], float] = time.time, *, lock_wait: float | None = None
+) -> Store:
     """Build the store a URL names: ``memory://``, ``sqlite:///PATH``, ``mongodb://…``,
     ``dynamodb://PREFIX?endpoint_url=…``. Nothing is contacted until first use.
 
     ``clock`` is the wall clock used only for record expiry (tests inject one).
+    ``lock_wait``: seconds a sqlite store waits for another process's write lock before
+    a commit fails as unavailable (default ``stores.sqlite.LOCK_WAIT``).
     """
     parts = urlsplit(url)
     query = parse_qs(parts.query)
@@ -57,7 +61,9 @@ def open_store(url: str, clock: Callable[[], float] = time.time) -> Store:
         path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
         if not path:
             raise ConfigError(f"{url}: expected sqlite:///PATH")
-        return SqliteStore(path, retention, clock=clock)
+        if lock_wait is None:
+            return SqliteStore(path, retention, clock=clock)
+        return SqliteStore(path, retention, clock=clock, lock_wait=lock_wait)
     if parts.scheme in ("mongodb", "mongodb+srv"):
         from stores.mongo import MongoStore
 

@@ -66,7 +66,14 @@ def _encode_keys(keys: tuple[str, ...]) -> str:
 
 
 _OPEN_TIMEOUT = 30.0
-"""Seconds to wait for another process holding the file's lock, at open and on commit."""
+"""Seconds to wait for another process holding the file's lock at open."""
+LOCK_WAIT = 30.0
+"""Seconds a commit waits for another process's write lock, by default (a replay has
+nothing else to do meanwhile)."""
+CONSUMER_LOCK_WAIT = 1.0
+"""The same for a Kafka consumer, whose event loop waits with the commit: past this the
+commit fails as unavailable, and the consumer's retry (logged, readiness 503,
+heartbeats going) takes over."""
 
 
 def _chunks(keys: Iterable[str]) -> Iterator[list[str]]:
@@ -83,10 +90,20 @@ def _chunks(keys: Iterable[str]) -> Iterator[list[str]]:
 class SqliteStore(Store):
     """State in a SQLite file at ``path``."""
 
-    def __init__(self, path: str, retention: Retention | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        path: str,
+        retention: Retention | None = None,
+        *,
+        lock_wait: float = LOCK_WAIT,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(retention, **kwargs)
         self.path = path
         self._db = _open(path)
+        # SQLite waits for a lock inside the call, holding the event loop: `limitflow run`
+        # keeps this short and retries with its own backoff, which lets the loop go on
+        self._db.execute(f"PRAGMA busy_timeout={int(lock_wait * 1000)}")
         self._swept = {"buckets": "", "events": ""}
         """Where each table's sweep is: the last key it looked at."""
 

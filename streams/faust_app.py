@@ -204,9 +204,10 @@ def load_checked_rules(path: str) -> RuleSet:
 async def open_engine(settings: FaustSettings, rules: RuleSet) -> Engine:
     """An engine on a ready store (embedded stores are created; servers must be set up)."""
     from limitflow.cli import CommandFailed, open_ready_store
+    from stores.sqlite import CONSUMER_LOCK_WAIT
 
     try:
-        store = await open_ready_store(settings.store)
+        store = await open_ready_store(settings.store, lock_wait=CONSUMER_LOCK_WAIT)
     except CommandFailed as exc:
         raise ConfigError(str(exc)) from None
     assert isinstance(store, Store)

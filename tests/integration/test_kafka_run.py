@@ -835,3 +835,31 @@ async def test_a_second_signal_while_closing_does_not_cut_the_close_short(
     finally:
         os.kill(broker, signal.SIGCONT)
     assert proc.wait(60) == 0, s.log(0)[-2000:]
+
+
+async def test_a_sqlite_file_locked_by_another_process_is_an_outage_not_a_freeze(
+    setup: Setup,
+) -> None:
+    # SQLite waited up to 30 s for the lock inside the call, holding the event loop: no
+    # answer on /healthz, no heartbeat, no log line until the wait ended
+    port = _free_port()
+    proc = setup.run("--http-port", str(port), env={"LIMITFLOW_BATCH_SIZE": "100"})
+    wait_for(lambda: "partitions assigned" in setup.log(0), 60, "an assignment")
+    path = setup.store[len("sqlite:///") :]
+    lines = make_events(300, seed=11)
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        sources = await produce(setup.bootstrap, setup.topics[0], lines)
+        wait_for(lambda: "decide failed" in setup.log(0), 10, "the outage to be logged")
+        started = time.monotonic()
+        assert (await asyncio.to_thread(http_get, port, "/healthz"))[0] == 200
+        assert time.monotonic() - started < 3
+        status, body = await asyncio.to_thread(http_get, port, "/readyz")
+        assert status == 503 and json.loads(body)["waiting_on"] == "decide", body
+        assert proc.poll() is None
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    await check_against_replay(setup, lines, sources)
+    assert setup.stop(proc) == 0
