@@ -40,6 +40,10 @@ _T = TypeVar("_T")
 Batch = Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 
 
+_LAG_EVERY = 2.0
+"""Seconds between the lag updates made while a batch waits on an outage."""
+
+
 class BatchAbandoned(Exception):
     """The batch in hand is dropped uncommitted (rebalance or stop during an outage)."""
 
@@ -84,6 +88,7 @@ class VelocityConsumer:
         self._revoking = False
         self._stop_requested_at: float | None = None
         self._positions: dict[TopicPartition, int] = {}
+        self._lag_asked = 0.0
         self._round_trips = engine.store.round_trips
         self._expired = engine.store.expired_deleted
 
@@ -169,6 +174,8 @@ class VelocityConsumer:
         started = time.perf_counter()
         topics = self.settings.kafka
         order = sorted(batch, key=lambda tp: (tp.topic, tp.partition))
+        for tp in order:  # committed up to the batch, if nothing later is known yet
+            self._positions.setdefault(tp, batch[tp][0].offset)
         records = [
             Record(
                 r.value if r.value is not None else b"",
@@ -300,6 +307,7 @@ class VelocityConsumer:
             if not (self.stopping or self._revoking):
                 self._interrupt.clear()
             await self._keep_membership()
+            await self._lag_during_outage()
 
     async def _keep_membership(self) -> None:
         """Poll while paused so a long outage does not exceed ``max_poll_interval_ms``."""
@@ -329,6 +337,23 @@ class VelocityConsumer:
         self.metrics.store_round_trips.inc(max(0, store.round_trips - self._round_trips))
         self.metrics.store_expired_deleted.inc(max(0, store.expired_deleted - self._expired))
         self._round_trips, self._expired = store.round_trips, store.expired_deleted
+
+    async def _lag_during_outage(self) -> None:
+        """Keep the lag metric current while a batch waits: the paused partitions are
+        not fetched, so their high-water marks are asked of the broker (when it answers),
+        at most every ``_LAG_EVERY`` seconds. A backlog is what an outage builds."""
+        now = time.monotonic()
+        if now - self._lag_asked < _LAG_EVERY or not self._positions:
+            return
+        self._lag_asked = now
+        with contextlib.suppress(KafkaError, TimeoutError, IllegalStateError):
+            ends = await asyncio.wait_for(
+                self.consumer.end_offsets(list(self._positions)), _LAG_EVERY
+            )
+            for tp, end in ends.items():
+                position = self._positions.get(tp)
+                if position is not None:
+                    self.metrics.lag.labels(str(tp.partition)).set(max(0, end - position))
 
     def _update_lag(self) -> None:
         for tp, position in self._positions.items():

@@ -600,14 +600,22 @@ class FlakyStore:
         await self.inner.commit(writes)
 
 
+def _total_lag(metrics: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("limitflow_consumer_lag{")
+    )
+
+
 async def test_store_outage_pauses_then_resumes_without_loss(setup: Setup) -> None:
     from limitflow.run_cli import serve
     from limitflow.settings import load_run_settings
     from schemas.rules import load_rules
     from stores import open_store
 
-    lines = make_events(500, seed=5)
-    sources = await produce(setup.bootstrap, setup.topics[0], lines)
+    lines = make_events(700, seed=5)
+    sources = await produce(setup.bootstrap, setup.topics[0], lines[:500])
     port = _free_port()
     events, verdicts, dead = setup.topics
     settings = load_run_settings(
@@ -642,6 +650,18 @@ async def test_store_outage_pauses_then_resumes_without_loss(setup: Setup) -> No
         assert (await asyncio.to_thread(http_get, port, "/healthz"))[0] == 200
         metrics = (await asyncio.to_thread(http_get, port, "/metrics"))[1]
         assert 'limitflow_retries_total{stage="decide"}' in metrics
+        # the backlog shows as lag while the store is down, and grows with new events
+        # (it read 0 throughout: lag was updated only between committed batches)
+        before = _total_lag(metrics)
+        assert before > 0, metrics
+        sources += await produce(setup.bootstrap, setup.topics[0], lines[500:])
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            metrics = (await asyncio.to_thread(http_get, port, "/metrics"))[1]
+            if _total_lag(metrics) > before:
+                break
+            await asyncio.sleep(0.5)
+        assert _total_lag(metrics) > before, metrics
         assert _rows(setup.store) == 0
         store.down = False
         await check_against_replay(setup, lines, sources)
