@@ -112,8 +112,10 @@ class VelocityConsumer:
         return self._stop_requested_at is not None
 
     async def run(self) -> None:
-        """Consume until ``request_stop``; raises a non-retriable error it cannot handle."""
-        self.health.set(ConsumerState.RUNNING)
+        """Consume until ``request_stop``; raises a non-retriable error it cannot handle.
+
+        Ready (RUNNING) once the group has given this member its partitions (maybe none,
+        when the group has more members than partitions), not before it has joined."""
         timeout = self.settings.poll_timeout_ms
         try:
             while not self.stopping:
@@ -152,6 +154,8 @@ class VelocityConsumer:
 
     async def partitions_assigned(self, assigned: frozenset[TopicPartition]) -> None:
         self.health.assigned = frozenset(_names(assigned))
+        if self.health.state is ConsumerState.STARTING:
+            self.health.set(ConsumerState.RUNNING)
         if assigned:
             # aiokafka starts fetching new partitions from their committed offsets as soon
             # as they are assigned, before this callback ends. Under exactly-once those

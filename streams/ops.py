@@ -4,7 +4,10 @@ The endpoint is a minimal HTTP/1.1 server on asyncio streams (``GET`` only, one 
 per connection), so no web framework is needed for three read-only paths:
 
     /healthz   200 while the process is working or waiting out an outage; 503 once failed
-    /readyz    200 while consuming with store and brokers reachable; 503 otherwise
+    /readyz    200 once the consumer has joined its group and while its last store and
+               broker operations succeeded; 503 while starting, waiting on an outage
+               (retrying), stopping or failed. An idle consumer learns that brokers are
+               gone at its next fetch or commit, not before.
     /metrics   Prometheus text format
 """
 

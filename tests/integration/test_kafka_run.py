@@ -883,3 +883,26 @@ async def test_a_sqlite_file_locked_by_another_process_is_an_outage_not_a_freeze
         holder.close()
     await check_against_replay(setup, lines, sources)
     assert setup.stop(proc) == 0
+
+
+def test_ready_only_once_the_group_has_assigned_partitions(setup: Setup) -> None:
+    # /readyz said 200 ("running", nothing assigned) before the member had joined
+    port = _free_port()
+    proc = setup.run("--http-port", str(port))
+    answers: list[tuple[int, dict[str, Any]]] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(status == 200 for status, _ in answers):
+        try:
+            status, body = http_get(port, "/readyz")
+        except OSError:  # not listening yet
+            time.sleep(0.05)
+            continue
+        answers.append((status, json.loads(body)))
+        time.sleep(0.05)
+    assert answers and answers[-1][0] == 200, answers[-3:]
+    for status, body in answers:
+        if status == 200:
+            assert body["state"] == "running" and body["assigned"], body
+        else:
+            assert body["state"] == "starting", body
+    assert setup.stop(proc) == 0
