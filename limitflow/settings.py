@@ -233,8 +233,10 @@ def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunS
         "retry_initial_ms",
         "retry_max_ms",
         "session_timeout_ms",
+        "max_poll_interval_ms",
     ):
         check_positive(name, getattr(settings, name))
+    check_positive("request_timeout_ms", kafka.request_timeout_ms)
     check_positive("shutdown_grace_ms", settings.shutdown_grace_ms, zero_ok=True)
     check_positive("max_message_bytes", kafka.max_message_bytes)
     if not 0 <= settings.http_port <= 65_535:

@@ -89,6 +89,8 @@ class VelocityConsumer:
         self._stop_requested_at: float | None = None
         self._positions: dict[TopicPartition, int] = {}
         self._lag_asked = 0.0
+        self._failure: BaseException | None = None
+        """A non-retriable error met in a rebalance callback, for ``run`` to raise."""
         self._round_trips = engine.store.round_trips
         self._expired = engine.store.expired_deleted
 
@@ -119,6 +121,7 @@ class VelocityConsumer:
         timeout = self.settings.poll_timeout_ms
         try:
             while not self.stopping:
+                self._raise_failure()
                 batch = await self.consumer.getmany(
                     timeout_ms=timeout, max_records=self.settings.batch_size
                 )
@@ -131,6 +134,11 @@ class VelocityConsumer:
             raise
         self.health.set(ConsumerState.STOPPED)
         log.info("stopped")
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
 
     # -- rebalancing ----------------------------------------------------------------
 
@@ -168,8 +176,14 @@ class VelocityConsumer:
                 await self._retrying(
                     "assign", lambda: self.output.on_assigned(assigned), pause=False
                 )
-            finally:
-                self.consumer.resume(*(assigned & self.consumer.assignment()))
+            except Exception as exc:
+                # aiokafka would only log an error raised here, and go on fetching: the
+                # partitions stay paused (their previous owner maybe not fenced) and
+                # ``run`` raises it
+                self._failure = exc
+                self._interrupt.set()
+                return
+            self.consumer.resume(*(assigned & self.consumer.assignment()))
         log.info("partitions assigned", extra={"partitions": _names(assigned)})
 
     # -- one batch ----------------------------------------------------------------
