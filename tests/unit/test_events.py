@@ -489,7 +489,6 @@ def test_a_reversal_still_needs_an_offset_time() -> None:
         "{bad",
         '{"event_id": "evt-1",}',
         "{} {}",
-        "",
         b"\xff\xfe{}",
         b'{"event_id": "\xff\xfe", "account_id": "acct-1"}',
         b'{"event_id": "caf\xe9"}',  # Latin-1, not UTF-8
@@ -499,6 +498,14 @@ def test_malformed_json_and_non_utf8_bytes_are_invalid_json(raw: str | bytes) ->
     error = refused(raw)
     assert error.error is DeadLetterError.INVALID_JSON
     assert error.detail.startswith("not valid JSON")
+
+
+@pytest.mark.parametrize("raw", ["", b"", " \n"])
+def test_an_empty_record_says_it_is_empty(raw: str | bytes) -> None:
+    # a null Kafka value reads as empty; "Input data was truncated" said nothing useful
+    error = refused(raw)
+    assert error.error is DeadLetterError.INVALID_JSON
+    assert error.detail == "empty record: no JSON document"
 
 
 def _nested(depth: int, kind: str) -> str:
