@@ -81,10 +81,15 @@ def to_minor(value: object, exponent: int, *, allow_zero: bool = False) -> int:
     _, digits, exp = number.as_tuple()
     assert isinstance(exp, int)  # finite
     shift = exp + exponent
-    if shift < 0 and any(digits[shift:]):
-        raise AmountError(f"{value!r} has more than {exponent} fraction digit(s) for this currency")
-    coefficient = int("".join(map(str, digits)))
-    minor = coefficient * 10**shift if shift >= 0 else coefficient // 10**-shift
+    if shift < 0:
+        if any(digits[shift:]):
+            raise AmountError(
+                f"{value!r} has more than {exponent} fraction digit(s) for this currency"
+            )
+        # only zeros past the minor unit: drop them before building the int, which is
+        # then at most MAX_DIGITS digits (int() of a string refuses over 4,300 digits)
+        digits, shift = digits[:shift], 0
+    minor = int("".join(map(str, digits)) or "0") * 10**shift
     return _check_sign(minor, value, allow_zero)
 
 

@@ -213,6 +213,16 @@ def test_a_nonzero_digit_far_past_the_minor_unit_is_not_rounded_away(amount: str
         assert "fraction digit" in error.detail
 
 
+def test_zeros_far_past_the_minor_unit_are_read_without_building_a_huge_int() -> None:
+    # int() of a string refuses over 4,300 digits: a ValueError escaped parse_event and
+    # stopped the consumer on this record after every restart
+    amount = "1." + "0" * 5_000
+    assert parse(payment(amount=amount)).amount == 100
+    assert parse_event(with_amount_literal(amount, "CNY")).amount == 100
+    error = refused(payment(amount=amount + "1"))
+    assert "fraction digit" in error.detail
+
+
 def test_a_reversal_amount_past_28_digits_is_not_the_rounded_amount() -> None:
     # a different payload: its fingerprint must differ from the rounded amount's
     long = parse(reversal(amount="1.0000000000000000000000000000001"))
