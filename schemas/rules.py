@@ -128,16 +128,23 @@ class _RulesLoader(yaml.SafeLoader):
     PyYAML reads YAML 1.1, where ``NO`` is false, ``0742`` is octal 482 and ``1_000`` is
     1000, and where a key written twice keeps its last value: a rule listing the country
     NO or the MCC 0742 would never match, and a second ``rules:`` or ``max_count:``
-    would silently replace the first. Such a file is refused, saying where and why;
-    floats are kept as the text of their value (exact, as amounts must be), dates as
-    their text.
+    would silently replace the first. Such a file is refused, saying where and why.
+    Floats keep their text as written (exact, as amounts must be; a match value is then
+    compared by its value, see ``_settle_floats``), dates their text. Merge keys
+    (``<<: *base``) work as in YAML, overriding what they merge.
     """
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # merged keys may be overridden: that is not a repeat
             key = self.construct_object(key_node, deep=True)
-            if key in seen:
+            try:
+                repeated = key in seen
+            except TypeError:  # unhashable: the base class says so, with its position
+                continue
+            if repeated:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"{key!r} is written twice in one mapping", key_node.start_mark
                 )
@@ -156,13 +163,32 @@ class _RulesLoader(yaml.SafeLoader):
             return _Unclear(node, reading, f'write "{node.value}" for the text, or {reading}')
         return int(node.value)
 
-    def construct_yaml_float(self, node: yaml.ScalarNode) -> str | _Unclear:  # type: ignore[override]
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> _Float | _Unclear:  # type: ignore[override]
         if not _YAML_DECIMAL_FLOAT.fullmatch(node.value):
             return _Unclear(node, "a float", "write a plain decimal, or quote it")
-        return number_text(Decimal(node.value))
+        return _Float(node.value)
 
     def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> str:  # type: ignore[override]
         return str(node.value)
+
+
+class _Float(str):
+    """A plain YAML float, as written; ``_settle_floats`` turns it into plain text."""
+
+
+def _settle_floats(value: Any, in_match: bool = False) -> Any:
+    """``value`` with every ``_Float`` as its text: in a rule's ``match``, the text of its
+    value (``6011.0`` matches the event number 6011), elsewhere as written (``id: 1.10``
+    stays ``1.10``, ``max_amount: 5000.10`` exact)."""
+    if isinstance(value, _Float):
+        return number_text(Decimal(value)) if in_match else str(value)
+    if isinstance(value, list):
+        return [_settle_floats(item, in_match) for item in value]
+    if isinstance(value, dict):
+        return {
+            key: _settle_floats(item, in_match or key == "match") for key, item in value.items()
+        }
+    return value
 
 
 def _refuse_unclear(data: Any) -> None:
@@ -186,6 +212,9 @@ def _unclear_in(value: Any, path: str) -> tuple[str, _Unclear] | None:
     if isinstance(value, _Unclear):
         return path, value
     if isinstance(value, dict):
+        for key in value:
+            if isinstance(key, _Unclear):
+                return path or "rules file", key
         items: Any = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
     elif isinstance(value, list):
         items = ((path, v) for v in value)
@@ -275,6 +304,7 @@ def parse_rules(text: str | bytes) -> RuleSet:
     except yaml.YAMLError as exc:
         raise RulesError(f"not valid YAML: {_yaml_problem(exc)}") from None
     _refuse_unclear(data)
+    data = _settle_floats(data)
     try:
         doc = msgspec.convert(data, RulesDoc)
     except msgspec.ValidationError as exc:

@@ -447,3 +447,35 @@ def test_a_key_written_twice_is_refused_not_overwritten(text: str) -> None:
     message = refusal(text)
     assert "is written twice in one mapping" in message
     assert "line " in message
+
+
+def test_merge_keys_work_and_may_be_overridden() -> None:
+    # the duplicate-key check first refused every merge key ("no constructor for merge")
+    rules = parse_rules(
+        "rules:\n"
+        "  - &base {id: a, window: day, max_count: 1, match: {channel: [atm]}}\n"
+        "  - <<: *base\n"
+        "    id: b\n"
+        "    window: month\n"
+    ).rules
+    assert [(r.id, r.window.value, r.max_count) for r in rules] == [
+        ("a", "day", 1),
+        ("b", "month", 1),
+    ]
+    assert rules[1].match == rules[0].match
+
+
+def test_an_unhashable_key_is_a_one_line_refusal() -> None:
+    message = refusal(one_rule("window: day\nmax_count: 1\n? [x, y]\n: 1"))
+    assert "unhashable" in message and "\n" not in message
+
+
+def test_a_float_outside_match_keeps_its_text() -> None:
+    # "1.10" as the rule id is what was written; its value's text would be "1.1"
+    rule = parse_rules(one_rule("window: day\nmax_count: 1", "1.10")).rules[0]
+    assert rule.id == "1.10"
+
+
+def test_a_key_yaml_would_read_as_something_else_is_refused_by_name() -> None:
+    message = refusal(one_rule("window: day\nmax_count: 1\nmatch: {yes: [a]}"))
+    assert message.startswith("rule 'r1': match: yes would be read as true")
