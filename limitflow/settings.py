@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -216,7 +217,8 @@ def check_positive(name: str, value: int, *, zero_ok: bool = False) -> None:
         raise ConfigError(f"{name} ({env_name(name)}) must be {'>= 0' if zero_ok else '> 0'}")
 
 
-LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVELS: Final = tuple(logging.getLevelNamesMapping())
+"""What ``logging`` takes: DEBUG, INFO, WARNING (WARN), ERROR, CRITICAL (FATAL), NOTSET."""
 
 
 def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunSettings:

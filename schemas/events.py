@@ -158,8 +158,8 @@ def _timestamp(value: object) -> tuple[str, int, int]:
         if text[17:19] == "60":  # a leap second: Python's datetime has no second 60
             text, leap = text[:17] + "59" + text[19:], True
         moment = datetime.fromisoformat(text)
-        if leap and moment.astimezone(UTC).strftime("%H:%M") != "23:59":
-            raise ValueError(value)  # leap seconds are inserted at 23:59:60 UTC only
+        if leap and (moment.astimezone(UTC) + _SECOND).strftime("%d %H:%M:%S") != "01 00:00:00":
+            raise ValueError(value)  # leap seconds end a month (UTC): 23:59:60 of its last day
     except ValueError:
         raise EventRejected(
             DeadLetterError.INVALID_EVENT, f"occurred_at: {value!r} is not an RFC 3339 date-time"
@@ -176,6 +176,7 @@ def _timestamp(value: object) -> tuple[str, int, int]:
 
 
 _MICROSECOND: Final = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC) - _EPOCH
+_SECOND: Final = datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC) - _EPOCH
 # A day inside Python's calendar on both ends, so the local time of an accepted instant
 # exists in every zone (offsets stay under a day); beyond that, period keys overflow.
 _FIRST_MICROS: Final = (datetime(1, 1, 2, tzinfo=UTC) - _EPOCH) // _MICROSECOND

@@ -48,7 +48,8 @@ def open_store(
     a commit fails as unavailable (default ``stores.sqlite.LOCK_WAIT``).
     """
     parts = urlsplit(url)
-    query = parse_qs(parts.query)
+    # MongoDB URIs may separate options with ";" too: read them all as the driver does
+    query = parse_qs(parts.query.replace(";", "&"))
     retention = _retention(query)
     if parts.scheme == "memory":
         from stores.memory import MemoryStore

@@ -363,6 +363,8 @@ class VelocityConsumer:
         now = time.monotonic()
         if now - self._lag_asked < _LAG_EVERY or not self._positions:
             return
+        if self._revoking or self.stopping:  # they must not wait on a broker's answer
+            return
         self._lag_asked = now
         with contextlib.suppress(KafkaError, TimeoutError, IllegalStateError):
             ends = await asyncio.wait_for(

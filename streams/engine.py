@@ -114,7 +114,7 @@ class Engine:
                         f" records this batch needs ({exc}); what was committed is kept"
                     ) from exc
                 # contention on shared buckets: back off with jitter, then re-read
-                await asyncio.sleep(random.uniform(0, min(0.5, 0.002 * 2**attempt)))  # noqa: S311
+                await asyncio.sleep(random.uniform(0, min(0.5, 0.002 * 2 ** min(attempt, 16))))  # noqa: S311
         for result in results:
             assert result is not None
             self.stats.by_kind[result.kind] = self.stats.by_kind.get(result.kind, 0) + 1

@@ -163,6 +163,13 @@ def test_url_errors_are_config_errors_without_the_password() -> None:
             MongoStore.from_url(f"mongodb://h:1/x?{bad}")
 
 
+def test_retention_after_a_semicolon_is_read_too() -> None:
+    # MongoDB URIs may separate options with ";": the retention was silently ignored
+    opened = open_store("mongodb://127.0.0.1:9/x?replicaSet=rs0;bucket_retention_days=2")
+    assert isinstance(opened, MongoStore)
+    assert opened.retention.bucket_seconds == 2 * DAY
+
+
 def test_open_store_passes_retention_and_strips_it() -> None:
     opened = open_store("mongodb://127.0.0.1:9/x?bucket_retention_days=2&event_retention_days=3")
     assert isinstance(opened, MongoStore)

@@ -372,6 +372,7 @@ def test_a_naive_time_is_invalid(text: str) -> None:
         "2026-01-31T12:30:60Z",
         "2016-12-31T23:59:60+08:00",
         "2016-12-31T23:58:60Z",
+        "2016-12-30T23:59:60Z",  # not the last day of a month
     ],
 )
 def test_dates_and_malformed_times_are_invalid(text: str) -> None:

@@ -93,6 +93,11 @@ def test_bad_values_are_config_errors(name: str, value: str) -> None:
         load_run_settings({}, env_of({**REQUIRED, name: value}))
 
 
+@pytest.mark.parametrize("level", ["warn", "WARNING", "fatal", "NOTSET", "debug"])
+def test_every_level_logging_knows_is_accepted(level: str) -> None:
+    assert load_run_settings({}, env_of({**REQUIRED, "log_level": level})).log_level == level
+
+
 def test_settings_are_frozen() -> None:
     settings = load_run_settings({}, env_of(REQUIRED))
     with pytest.raises(dataclasses.FrozenInstanceError):
