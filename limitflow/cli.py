@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
@@ -77,18 +78,12 @@ def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
         yield handle  # type: ignore[misc]
 
 
-def _same_file(a: str, b: str) -> bool:
-    """Whether two path arguments name one file (``-`` is the standard stream)."""
-    if a == "-" or b == "-":
-        return a == b
+def _stat(path: str, stream: int) -> os.stat_result | None:
+    """The file a path argument names (``-``: the standard stream ``stream``), if any."""
     try:
-        return os.path.samefile(a, b)
-    except OSError:  # one does not exist yet: compare the paths
-        return os.path.abspath(a) == os.path.abspath(b)
-
-
-def _is_regular(path: str) -> bool:
-    return path != "-" and os.path.isfile(path)
+        return os.fstat(stream) if path == "-" else os.stat(path)
+    except OSError:
+        return None
 
 
 async def _replay(args: argparse.Namespace) -> int:
@@ -97,14 +92,17 @@ async def _replay(args: argparse.Namespace) -> int:
     from streams.engine import Engine
     from streams.replay import replay
 
-    for option, path in (("--output", args.output), ("--dead-letter", args.dead_letter)):
-        if _is_regular(args.input) and _same_file(args.input, path):
-            raise CommandFailed(
-                f"{option} {path} is the input file: it would be emptied before it is read",
-                EXIT_USAGE,
-            )
-    # one file for both: opened once, so that neither overwrites the other's lines
-    shared = _same_file(args.output, args.dead_letter)
+    # compared as files, not names: "-" and /dev/stdout, a symlinked folder, stdin
+    # redirected from the output file
+    source_file = _stat(args.input, 0)
+    if source_file is not None and stat.S_ISREG(source_file.st_mode):
+        for option, path in (("--output", args.output), ("--dead-letter", args.dead_letter)):
+            target = _stat(path, 1)
+            if target is not None and os.path.samestat(source_file, target):
+                raise CommandFailed(
+                    f"{option} {path} is the input file: it would be emptied before it is read",
+                    EXIT_USAGE,
+                )
     rules = _rules(args.rules)
     with contextlib.ExitStack() as files:
         # the input first: an unreadable one fails before a sqlite file is made for it
@@ -113,6 +111,10 @@ async def _replay(args: argparse.Namespace) -> int:
         assert isinstance(store, Store)
         try:
             verdicts = files.enter_context(_open_binary(args.output, "wb"))
+            # one file for both (it exists now if it is the output): written through one
+            # handle, so that neither overwrites the other's lines
+            letters = _stat(args.dead_letter, 1)
+            shared = letters is not None and os.path.samestat(os.fstat(verdicts.fileno()), letters)
             dead = verdicts if shared else files.enter_context(_open_binary(args.dead_letter, "wb"))
             size = os.fstat(source.fileno()).st_size if args.input != "-" else None
             try:

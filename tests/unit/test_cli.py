@@ -375,6 +375,57 @@ def test_one_file_for_both_outputs_keeps_every_line_in_input_order(
     ]
 
 
+def test_one_file_reached_two_ways_is_still_one_file(tmp_path: Path, rules: Path) -> None:
+    # by a symlinked folder (the file not there yet), and as - and /dev/stdout
+    source = write(tmp_path / "in.jsonl", ["nope", pay("p1"), "{}", pay("p2")])
+    (tmp_path / "d1").mkdir()
+    (tmp_path / "d2").symlink_to(tmp_path / "d1")
+    result = limitflow(
+        *("replay", "--rules", str(rules), "--input", str(source)),
+        *("--output", "d1/all.jsonl", "--dead-letter", "d2/all.jsonl", "--store", "memory://"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    expected = ["invalid_json", "p1", "invalid_event", "p2"]
+    lines = jsonl((tmp_path / "d1" / "all.jsonl").read_bytes())
+    assert [d.get("error") or d["event_id"] for d in lines] == expected
+    with open(tmp_path / "out.jsonl", "wb") as out:
+        subprocess.run(
+            [
+                *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
+                *("--input", str(source), "--output", "-", "--dead-letter", "/dev/stdout"),
+                *("--store", "memory://"),
+            ],
+            stdout=out,
+            check=True,
+            cwd=tmp_path,
+            timeout=120,
+        )
+    lines = jsonl((tmp_path / "out.jsonl").read_bytes())
+    assert [d.get("error") or d["event_id"] for d in lines] == expected
+
+
+def test_stdin_redirected_from_the_output_file_is_refused(tmp_path: Path, rules: Path) -> None:
+    source = write(tmp_path / "in.jsonl", [pay("p1")])
+    before = source.read_bytes()
+    with open(source, "rb") as stdin:
+        result = subprocess.run(
+            [
+                *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
+                *("--input", "-", "--output", "in.jsonl", "--dead-letter", "dead.jsonl"),
+                *("--store", "memory://"),
+            ],
+            stdin=stdin,
+            capture_output=True,
+            check=False,
+            cwd=tmp_path,
+            timeout=120,
+        )
+    assert result.returncode == 2
+    assert "is the input file" in one_line_reason(result)
+    assert source.read_bytes() == before
+
+
 @pytest.mark.parametrize("option", ["--output", "--dead-letter"])
 def test_an_output_that_is_the_input_file_is_refused_and_the_input_kept(
     tmp_path: Path, rules: Path, option: str
