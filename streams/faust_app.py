@@ -30,7 +30,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -54,7 +54,7 @@ from limitflow.settings import (
 from schemas.rules import RulesError, RuleSet, load_rules
 from stores.base import Store
 from streams.engine import Engine, Record, Result
-from streams.output import Message, messages
+from streams.output import Message, messages, send_all
 
 log = logging.getLogger("limitflow.faust")
 
@@ -180,17 +180,16 @@ class BatchHandler:
         return True
 
     async def _publish(self, records: Sequence[Message]) -> None:
-        """Send ``records`` in order and wait until the broker has every one."""
-        producer = self.app.producer
-        pending: list[Awaitable[Any]] = []
-        for record in records:
-            pending.append(
-                await producer.send(
-                    record.topic, record.key, record.value, None, None, record.headers
-                )
-            )
-        if pending:
-            await asyncio.gather(*pending)
+        """Send ``records`` in order and wait until the broker has every one.
+
+        Through ``run``'s ``send_all`` on the aiokafka producer under faust's: it keeps
+        each output partition's order even when a request times out and is retried
+        (faust's own ``send`` queues everything at once, and aiokafka then sends the
+        next record batch of a partition past the one that failed)."""
+        if records:
+            producer = self.app.producer
+            assert isinstance(producer, faust_aiokafka.Producer)  # LimitflowApp's transport
+            await send_all(producer._ensure_producer(), records)
 
 
 def load_checked_rules(path: str) -> RuleSet:

@@ -138,7 +138,7 @@ def kafka_errors_translated() -> Iterator[None]:
         raise translate(exc) from exc
 
 
-async def _send_all(producer: AIOKafkaProducer, batch: Sequence[Message]) -> None:
+async def send_all(producer: AIOKafkaProducer, batch: Sequence[Message]) -> None:
     """Publish ``batch`` keeping each output partition's order, and wait for every ack.
 
     aiokafka keeps one record batch in flight per partition, but when one expires (no
@@ -229,7 +229,7 @@ class AtLeastOnceOutput(Output):
     ) -> None:
         todo = [tp for tp in batch if tp not in done]
         with kafka_errors_translated():
-            await _send_all(self.producer, [m for tp in todo for m in batch[tp]])
+            await send_all(self.producer, [m for tp in todo for m in batch[tp]])
             await self.consumer.commit({tp: offsets[tp] for tp in todo})
         done.update(todo)
 
@@ -318,7 +318,7 @@ class TransactionalOutput(Output):
             with kafka_errors_translated():
                 producer = await self._producer(tp)
                 await producer.begin_transaction()
-                await _send_all(producer, batch)
+                await send_all(producer, batch)
                 await producer.send_offsets_to_transaction({tp: offset}, self.group_id)
                 await producer.commit_transaction()
         except BaseException:

@@ -17,7 +17,7 @@ import pytest
 from aiokafka import errors as kafka_errors
 from aiokafka.producer.message_accumulator import BatchBuilder  # type: ignore[import-untyped]
 
-from streams.output import Message, _send_all
+from streams.output import Message, send_all
 
 
 class RecordingProducer:
@@ -65,7 +65,7 @@ async def settle() -> None:
 async def test_next_batch_of_a_partition_waits_for_the_previous_ack() -> None:
     producer = RecordingProducer()
     batch = verdicts(b"acct-1", 12)  # ~120 bytes each: several record batches
-    task = asyncio.create_task(_send_all(producer, batch))
+    task = asyncio.create_task(send_all(producer, batch))
     sent: list[bytes] = []
     while not task.done():
         await settle()
@@ -83,7 +83,7 @@ async def test_a_failure_is_raised_only_after_every_partition_settles() -> None:
     producer = RecordingProducer(partitions=8)
     keys = [b"acct-1", b"acct-2", b"acct-3", b"acct-4"]
     batch = [m for key in keys for m in verdicts(key, 2)]
-    task = asyncio.create_task(_send_all(producer, batch))
+    task = asyncio.create_task(send_all(producer, batch))
     await settle()
     first, *others = producer.pending()
     assert others, "the keys should spread over partitions"
@@ -106,7 +106,7 @@ async def test_one_key_stays_on_one_partition_in_order() -> None:
     producer = RecordingProducer(partitions=4, batch_bytes=1 << 20)
     batch = [m for i in range(3) for key in (b"a", b"b", b"c") for m in verdicts(key, 1)[:1]]
     batch = [Message("v", m.key, m.value + bytes([i]), []) for i, m in enumerate(batch)]
-    task = asyncio.create_task(_send_all(producer, batch))
+    task = asyncio.create_task(send_all(producer, batch))
     await settle()
     for _, _, future in producer.pending():
         future.set_result(None)
