@@ -73,6 +73,13 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     """Hash of the parsed payload: equal for a resend of the same event."""
 
 
+_DATE_TIME: Final = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?"
+"""RFC 3339's date and time (a space for the T, as its section 5.6 allows); [0-9], not
+\\d, which a schema validator may take for other scripts' digits. With ``_OFFSET``, one
+pattern for the parser and the JSON Schema, so that the two cannot drift apart."""
+_OFFSET: Final = r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
+
+
 class EventDoc(msgspec.Struct, forbid_unknown_fields=False):
     """A transaction event as sent. Fields beyond these are kept for rule scopes."""
 
@@ -82,8 +89,7 @@ class EventDoc(msgspec.Struct, forbid_unknown_fields=False):
         str,
         msgspec.Meta(
             description="RFC 3339 timestamp with a UTC offset or Z; naive times are invalid",
-            pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?"
-            r"([Zz]|[+-][0-9]{2}:[0-9]{2})$",
+            pattern=f"^{_DATE_TIME}{_OFFSET}$",
             max_length=64,
         ),
     ]
@@ -131,12 +137,10 @@ def _id(doc: dict[str, Any], name: str, *, required: bool = True) -> str | None:
     return value
 
 
-_RFC3339: Final = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d+)?([Zz]|[+-]\d{2}:\d{2})?", re.ASCII
-)
-"""RFC 3339's date-time (a space for the T, as its section 5.6 allows). Python's
-fromisoformat alone also takes ISO week dates, times without seconds, ``+0800`` and
-other ISO 8601 forms that the contract does not."""
+_RFC3339: Final = re.compile(f"{_DATE_TIME}{_OFFSET}?")
+"""RFC 3339's date-time, the offset optional here so that its absence gets its own
+message. Python's fromisoformat alone also takes ISO week dates, times without seconds,
+``+0800`` and other ISO 8601 forms that the contract does not."""
 
 
 def _timestamp(value: object) -> tuple[str, int, int]:
