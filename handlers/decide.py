@@ -67,6 +67,7 @@ class _CompiledRule:
         "prefix",
         "rule",
         "scope",
+        "scope_fields",
         "simple_scope",
         "span",
         "window",
@@ -79,7 +80,8 @@ class _CompiledRule:
         self.scope = rule.scope
         self.simple_scope = rule.scope[0] if len(rule.scope) == 1 else None
         self.match = tuple((name, allowed, _ABSENT_AS.get(name)) for name, allowed in rule.match)
-        self.absent_as = _ABSENT_AS.get(self.simple_scope or "")
+        self.scope_fields = tuple((name, _ABSENT_AS.get(name)) for name in rule.scope)
+        self.absent_as = self.scope_fields[0][1]
         self.max_count = rule.max_count
         self.max_amount = rule.max_amount
         self.amount_exp = MINOR_UNITS[rule.currency] if rule.currency else None
@@ -178,7 +180,7 @@ class Decider:
                 value = raw if type(raw) is str else _scope_text(c.simple_scope, raw)
                 values: tuple[str, ...] = (value,)
             else:
-                scoped = [fields.get(name, _ABSENT_AS.get(name)) for name in c.scope]
+                scoped = [fields.get(name, absent) for name, absent in c.scope_fields]
                 if any(v is None for v in scoped):
                     continue
                 values = tuple(_scope_text(n, v) for n, v in zip(c.scope, scoped, strict=True))

@@ -250,14 +250,13 @@ async def _run(args: argparse.Namespace) -> int:
         open_ready_store,
     )
     from limitflow.errors import BrokerError, StoreError
+    from stores.sqlite import CONSUMER_LOCK_WAIT
     from streams.ops import configure_logging
     from streams.topics import TopicError
 
     settings = _settings(lambda: load_run_settings(_values(args), os.environ))
     configure_logging(settings.log_level, settings.log_format)
     rules = _rules(settings.rules)
-    from stores.sqlite import CONSUMER_LOCK_WAIT
-
     store = await open_ready_store(settings.store, lock_wait=CONSUMER_LOCK_WAIT)
     try:
         return await serve(settings, rules, store)

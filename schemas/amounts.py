@@ -100,26 +100,31 @@ _PLAIN_DIGITS: Final = 64
 def number_text(number: Decimal) -> str:
     """The one text of a number's value, for comparing numbers as text: ``77``, ``77.0``
     and ``7.7e1`` are all ``77``; ``0.50`` is ``0.5``. Plain unless that would be long."""
-    text = exact_text(number)
-    stripped = Decimal(text)
+    stripped = _without_trailing_zeros(number)
     _, digits, exp = stripped.as_tuple()
     assert isinstance(exp, int)  # finite
     if exp >= -_PLAIN_DIGITS and len(digits) + exp <= _PLAIN_DIGITS:
         return format(stripped, "f")
-    return text
+    return str(stripped)
 
 
 def exact_text(number: Decimal) -> str:
     """``number`` without trailing zeros, as ``Decimal.normalize()`` writes it but never
     rounded (``normalize`` rounds to 28 significant digits): equal values, equal text."""
+    return str(_without_trailing_zeros(number))
+
+
+def _without_trailing_zeros(number: Decimal) -> Decimal:
+    """The same value with its coefficient's trailing zeros moved to the exponent (zero:
+    plain 0), built from its digits: nothing rounded."""
     sign, digits, exp = number.as_tuple()
     assert isinstance(exp, int)  # finite
     end = len(digits)
     while end > 1 and digits[end - 1] == 0:
         end -= 1
     if end == 1 and digits[0] == 0:
-        return "0"
-    return str(Decimal((sign, digits[:end], exp + len(digits) - end)))
+        return Decimal(0)
+    return Decimal((sign, digits[:end], exp + len(digits) - end))
 
 
 def _check_sign(minor: int, value: object, allow_zero: bool) -> int:

@@ -56,15 +56,15 @@ def open_store(
 
         return MemoryStore(retention, clock)
     if parts.scheme == "sqlite":
-        from stores.sqlite import SqliteStore
+        from stores.sqlite import LOCK_WAIT, SqliteStore
 
         # SQLAlchemy's convention: sqlite:///relative.db, sqlite:////absolute/path.db
         path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
         if not path:
             raise ConfigError(f"{url}: expected sqlite:///PATH")
-        if lock_wait is None:
-            return SqliteStore(path, retention, clock=clock)
-        return SqliteStore(path, retention, clock=clock, lock_wait=lock_wait)
+        return SqliteStore(
+            path, retention, clock=clock, lock_wait=LOCK_WAIT if lock_wait is None else lock_wait
+        )
     if parts.scheme in ("mongodb", "mongodb+srv"):
         from stores.mongo import MongoStore
 
