@@ -376,3 +376,22 @@ def test_giving_up_on_conflicts_says_so() -> None:
     engine = Engine(Decider(parse_rules(RULES)), _Contended(conflicts=9), max_conflict_retries=2)
     with pytest.raises(ConflictError, match="3 conflicts in a row: other writers kept changing"):
         asyncio.run(engine.process([Record(pay("e1", "10.00").encode(), {"line": 1})]))
+
+
+def test_scope_values_with_separators_keep_their_buckets_apart() -> None:
+    store = MemoryStore()
+    run(
+        pay("p1", "1.00", merchant_id="m|1", card_id="c|d", at="2026-03-14T10:00:00Z"),
+        pay("p2", "2.00", merchant_id="m\\|1", card_id="c", at="2026-03-14T10:00:00Z"),
+        pay("p3", "3.00", merchant_id="d", card_id="c|d|x", at="2026-03-14T10:00:00Z"),
+        store=store,
+    )
+    buckets = {key: store.bucket(key) for key in store.data.buckets if "day" not in key}
+    assert {key: (b.count, b.amount) for key, b in buckets.items() if b is not None} == {
+        "merchant|2026-03-14T10|m\\|1": (1, 100),
+        "merchant|2026-03-14T10|m\\\\\\|1": (1, 200),
+        "merchant|2026-03-14T10|d": (1, 300),
+        "card-month|2026-03|c\\|d|m\\|1": (1, 100),
+        "card-month|2026-03|c|m\\\\\\|1": (1, 200),
+        "card-month|2026-03|c\\|d\\|x|d": (1, 300),
+    }
