@@ -401,6 +401,13 @@ class Decider:
         elif not original.accepted:
             reason = Reason.ORIGINAL_NOT_ACCEPTED
             currency = currency or original.currency
+            if event.amount_decimal is not None and currency is not None:
+                # the original's currency is known now: its precision holds, as for a
+                # reversal that names it
+                try:
+                    amount = to_minor(str(event.amount_decimal), MINOR_UNITS[currency])
+                except AmountError as exc:
+                    return _dead(DeadLetterError.INVALID_EVENT, f"amount: {exc}")
         else:
             currency = original.currency
             if event.currency is not None and event.currency != original.currency:

@@ -281,6 +281,22 @@ def test_reversal_amount_without_currency_uses_the_original_minor_unit() -> None
     assert verdicts[2] == ("dead", "invalid_event")
 
 
+def test_reversal_of_a_rejected_payment_keeps_to_the_original_minor_unit() -> None:
+    verdicts = run(
+        pay("big", "500.00"),  # rejected
+        reverse("r1", "big", "1.005"),
+        reverse("r2", "big", "1.5"),
+    )
+    assert verdicts[0]["decision"] == "reject"
+    assert verdicts[1] == ("dead", "invalid_event")
+    assert (verdicts[2]["reason"], verdicts[2]["amount"], verdicts[2]["currency"]) == (
+        "original_not_accepted",
+        "1.50",
+        "CNY",
+    )
+    assert verdicts[2]["seq"] == 2  # the dead letter took no seq
+
+
 def test_non_scalar_scope_value_is_dead_lettered_not_skipped() -> None:
     (verdict,) = run(pay("p1", "1.00", merchant_id={"id": 1}))
     assert verdict == ("dead", "invalid_event")
