@@ -86,7 +86,11 @@ class RulesError(LimitflowError, ValueError):
     """The rules file is unusable; the message names the rule and the field."""
 
 
-_SCOPE_FIELD: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_SCOPE_FIELD: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_RULE_ID: Final = re.compile(r"[A-Za-z0-9._-]+")
+"""Checked with ``fullmatch``: the model's pattern (kept for the JSON Schema, whose regex
+``$`` ends the text) goes through Python's ``re.search``, where ``$`` also matches before
+a final newline, so ``"day\\n"`` would pass it."""
 
 
 def scalar_text(value: object) -> str | None:
@@ -248,11 +252,13 @@ def _zones() -> frozenset[str]:
 
 def _compile(doc: RuleDoc) -> Rule:
     where = f"rule {doc.id!r}"
+    if not _RULE_ID.fullmatch(doc.id):
+        raise RulesError(f"{where}: id: may hold only letters, digits, '.', '_' and '-'")
     scope = (doc.scope,) if isinstance(doc.scope, str) else tuple(doc.scope)
     if not scope:
         raise RulesError(f"{where}: scope: must name at least one field")
     for field in scope:
-        if not _SCOPE_FIELD.match(field):
+        if not _SCOPE_FIELD.fullmatch(field):
             raise RulesError(f"{where}: scope: {field!r} is not a field name")
     if len(set(scope)) != len(scope):
         raise RulesError(f"{where}: scope: lists a field twice")

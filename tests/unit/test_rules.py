@@ -281,6 +281,16 @@ def test_load_rules_reads_a_file(tmp_path: Path) -> None:
             id="repeated-scope-field",
         ),
         pytest.param(
+            'rules:\n  - {id: "day\\n", window: day, max_count: 1}\n',
+            ["'day\\n'", "id"],
+            id="id-ending-in-a-newline",
+        ),
+        pytest.param(
+            one_rule('window: day\nscope: "card_id\\n"\nmax_count: 1', "r-scope"),
+            ["'r-scope'", "scope", "'card_id\\n'"],
+            id="scope-field-ending-in-a-newline",
+        ),
+        pytest.param(
             one_rule("window: day\nmatch: {channel: []}\nmax_count: 1", "r-match"),
             ["'r-match'", "match", "channel"],
             id="match-without-values",
