@@ -265,6 +265,8 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
             raise EventRejected(DeadLetterError.INVALID_EVENT, "currency: is required")
         if raw_amount is None:
             raise EventRejected(DeadLetterError.INVALID_EVENT, "amount: is required")
+        # a payment reverses nothing, but what it sends there must still be an event id
+        _id(doc, "original_event_id", required=False)
     else:
         original_event_id = _id(doc, "original_event_id")
     if raw_amount is not None:
