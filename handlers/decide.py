@@ -260,7 +260,7 @@ class Decider:
         """Decide one event, applying its effects to ``state``."""
         seen = state.event(event.event_id)
         if seen is not None:
-            if seen.fingerprint == event.fingerprint:
+            if seen.fingerprint in (event.fingerprint, event.legacy_fingerprint):
                 return Outcome(
                     OutcomeKind.DUPLICATE,
                     seen.verdict,

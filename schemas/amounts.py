@@ -100,7 +100,7 @@ _PLAIN_DIGITS: Final = 64
 def number_text(number: Decimal) -> str:
     """The one text of a number's value, for comparing numbers as text: ``77``, ``77.0``
     and ``7.7e1`` are all ``77``; ``0.50`` is ``0.5``. Plain unless that would be long."""
-    stripped = _without_trailing_zeros(number)
+    stripped = without_trailing_zeros(number)
     _, digits, exp = stripped.as_tuple()
     assert isinstance(exp, int)  # finite
     if exp >= -_PLAIN_DIGITS and len(digits) + exp <= _PLAIN_DIGITS:
@@ -111,10 +111,10 @@ def number_text(number: Decimal) -> str:
 def exact_text(number: Decimal) -> str:
     """``number`` without trailing zeros, as ``Decimal.normalize()`` writes it but never
     rounded (``normalize`` rounds to 28 significant digits): equal values, equal text."""
-    return str(_without_trailing_zeros(number))
+    return str(without_trailing_zeros(number))
 
 
-def _without_trailing_zeros(number: Decimal) -> Decimal:
+def without_trailing_zeros(number: Decimal) -> Decimal:
     """The same value with its coefficient's trailing zeros moved to the exponent (zero:
     plain 0), built from its digits: nothing rounded."""
     sign, digits, exp = number.as_tuple()

@@ -17,7 +17,13 @@ from typing import Annotated, Any, Final, TypeGuard
 import msgspec
 
 from limitflow.errors import LimitflowError
-from schemas.amounts import AmountError, exact_text, to_decimal, to_minor
+from schemas.amounts import (
+    AmountError,
+    exact_text,
+    to_decimal,
+    to_minor,
+    without_trailing_zeros,
+)
 from schemas.currencies import MINOR_UNITS
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -71,6 +77,10 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     """The whole decoded object, for rule scopes and matches."""
     fingerprint: str
     """Hash of the parsed payload: equal for a resend of the same event."""
+    legacy_fingerprint: str | None = None
+    """The fingerprint limitflow gave this payload before numbers in extra fields were
+    compared by value and times past the microsecond as instants; set only where the two
+    differ, so that a resend of an event stored before that is still a duplicate."""
 
 
 _DATE_TIME: Final = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?"
@@ -143,8 +153,11 @@ message. Python's fromisoformat alone also takes ISO week dates, times without s
 ``+0800`` and other ISO 8601 forms that the contract does not."""
 
 
-def _timestamp(value: object) -> tuple[str, int, int]:
-    """Return (text, floor epoch seconds, epoch microseconds) of an RFC 3339 timestamp."""
+def _timestamp(value: object) -> tuple[str, int, int, str | None]:
+    """Return (text, floor epoch seconds, epoch microseconds, finer) of an RFC 3339
+    timestamp. ``finer`` tells instants apart that share a microsecond: the digits past
+    it, and a leap second's whole fraction (it is counted as 23:59:59.999999); None when
+    there is nothing finer."""
     if not isinstance(value, str):
         raise EventRejected(DeadLetterError.INVALID_EVENT, "occurred_at: is required, as a string")
     form = _RFC3339.fullmatch(value) if len(value) <= 64 else None
@@ -176,7 +189,15 @@ def _timestamp(value: object) -> tuple[str, int, int]:
             DeadLetterError.INVALID_EVENT,
             f"occurred_at: {value!r} is outside 0001-01-02 to 9999-12-30 UTC",
         )
-    return value, micros // 1_000_000, micros
+    finer = None
+    if leap or len(value) > 27:  # shorter, a fraction has at most 6 digits
+        fraction = _FRACTION.match(value, 19)
+        digits = "" if fraction is None else fraction.group(1)
+        finer = "60." + digits.rstrip("0") if leap else digits[6:].rstrip("0") or None
+    return value, micros // 1_000_000, micros, finer
+
+
+_FRACTION: Final = re.compile(r"\.([0-9]+)")
 
 
 _MICROSECOND: Final = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC) - _EPOCH
@@ -249,7 +270,7 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
             DeadLetterError.INVALID_EVENT,
             f"type: must be 'payment' or 'reversal', got {kind_text!r}",
         ) from None
-    occurred_at, epoch, micros = _timestamp(doc.get("occurred_at"))
+    occurred_at, epoch, micros, finer = _timestamp(doc.get("occurred_at"))
 
     currency = doc.get("currency")
     if currency is not None and (not isinstance(currency, str) or currency not in MINOR_UNITS):
@@ -281,26 +302,39 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
             raise EventRejected(DeadLetterError.INVALID_EVENT, f"amount: {exc}") from None
 
     extras = {k: v for k, v in doc.items() if k not in _CORE_FIELDS}
+    texts_only = True
     for name, value in extras.items():
+        if type(value) is str:
+            continue
+        texts_only = False
         if isinstance(value, _CONTAINERS) and _nested_deeper_than(value, MAX_DEPTH):
             raise EventRejected(
                 DeadLetterError.INVALID_EVENT,
                 f"{name}: nested more than {MAX_DEPTH} levels deep",
             )
-    canonical = (
+    by_value = extras if texts_only else _numbers_by_value(extras)
+    # the same currency makes minor units comparable; without one, the exact value
+    amount_part = (
+        amount
+        if amount is not None
+        else (None if amount_decimal is None else exact_text(amount_decimal))
+    )
+    original = doc.get("original_event_id")  # on a payment too: a changed resend differs
+    fingerprint = _fingerprint(
         event_id,
         kind.value,
         account_id,
-        # the same currency makes minor units comparable; without one, the exact value
-        amount
-        if amount is not None
-        else (None if amount_decimal is None else exact_text(amount_decimal)),
+        amount_part,
         currency,
-        micros,
-        doc.get("original_event_id"),  # on a payment too: a changed resend is no duplicate
-        extras,
+        micros if finer is None else [micros, finer],
+        original,
+        by_value,
     )
-    fingerprint = hashlib.blake2b(_fingerprint_encoder.encode(canonical), digest_size=16)
+    legacy = None
+    if finer is not None or by_value is not extras:
+        legacy = _fingerprint(
+            event_id, kind.value, account_id, amount_part, currency, micros, original, extras
+        )
     return Event(
         event_id=event_id,
         type=kind,
@@ -312,5 +346,51 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
         epoch=epoch,
         original_event_id=original_event_id,
         fields=doc,
-        fingerprint=fingerprint.hexdigest(),
+        fingerprint=fingerprint,
+        legacy_fingerprint=legacy,
     )
+
+
+def _fingerprint(*canonical: Any) -> str:
+    return hashlib.blake2b(_fingerprint_encoder.encode(canonical), digest_size=16).hexdigest()
+
+
+_PLAIN_TYPES: Final = (str, bool, type(None))
+_LONGEST_INT: Final = 10**18
+"""Integers at least this long are compared as numbers, not as digits: a decoder may read
+such a literal as an integer or as a number with an exponent."""
+
+
+def _numbers_by_value(value: Any) -> Any:
+    """``value`` (extra fields, or one of them) with every number in one form per value:
+    ``6011``, ``6011.0`` and ``6.011e3`` alike, ``0.50`` as ``0.5``. The same object when
+    nothing changes, which is the usual case (strings and ordinary integers)."""
+    kind = type(value)
+    if kind in _PLAIN_TYPES or (kind is int and -_LONGEST_INT < value < _LONGEST_INT):
+        return value
+    if kind is dict:
+        for item in value.values():  # the usual extra fields: strings, ordinary integers
+            if type(item) not in _PLAIN_TYPES and not (
+                type(item) is int and -_LONGEST_INT < item < _LONGEST_INT
+            ):
+                break
+        else:
+            return value
+        changed = {k: _numbers_by_value(v) for k, v in value.items()}
+        if any(changed[k] is not v for k, v in value.items()):
+            return changed
+        return value
+    if kind is list:
+        items = [_numbers_by_value(v) for v in value]
+        if any(a is not b for a, b in zip(items, value, strict=True)):
+            return items
+        return value
+    number = value if kind is Decimal else Decimal(value)
+    if not number.is_finite():
+        return value
+    exact = without_trailing_zeros(number)
+    _, digits, exp = exact.as_tuple()
+    assert isinstance(exp, int)
+    if exp >= 0 and len(digits) + exp < 19:  # an integral value an int holds as such
+        return int(exact)
+    return value if kind is Decimal and exact.as_tuple() == value.as_tuple() else exact

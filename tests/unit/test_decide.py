@@ -219,6 +219,23 @@ def test_duplicate_is_identical_even_after_state_changed() -> None:
     assert same_instant == first
 
 
+def test_a_resend_matches_a_record_stored_with_the_earlier_fingerprint() -> None:
+    from handlers.state import EventRecord, Snapshot, WorkingState
+    from schemas.events import EventType, parse_event
+
+    decider = Decider(parse_rules(RULES))
+    event = parse_event(pay("e1", "60.00", mcc="6011.0").replace('"6011.0"', "6011.0"))
+    assert event.legacy_fingerprint is not None
+    for stored, kind in (
+        (event.legacy_fingerprint, OutcomeKind.DUPLICATE),  # written before the change
+        (event.fingerprint, OutcomeKind.DUPLICATE),
+        ("0" * 32, OutcomeKind.DEAD_LETTER),
+    ):
+        record = EventRecord(stored, "a1", EventType.PAYMENT, True, 1, b"{}", 6000, "CNY")
+        state = WorkingState(Snapshot(events={"e1": record}))
+        assert decider.decide(event, decider.plan(event), state).kind is kind
+
+
 def test_reversal_releases_amount_then_count_when_fully_reversed() -> None:
     verdicts = run(
         pay("p1", "60.00", merchant_id="m1"),

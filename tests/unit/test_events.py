@@ -390,7 +390,64 @@ def test_a_leap_second_is_the_last_instant_of_its_minute(text: str) -> None:
     last = parse(payment(occurred_at="2016-12-31T23:59:59.999999Z"))
     assert event.occurred_at == text
     assert event.epoch == last.epoch
-    assert event.fingerprint == parse(payment(occurred_at="2016-12-31T23:59:60Z")).fingerprint
+    # an instant of its own: a resend at another instant is no duplicate
+    assert event.fingerprint != last.fingerprint
+    same = parse(payment(occurred_at="2016-12-31T23:59:60" + text[19:].replace("+08:00", "Z")))
+    assert event.fingerprint == same.fingerprint
+
+
+def fingerprints(*times: str) -> set[str]:
+    return {parse(payment(occurred_at=t)).fingerprint for t in times}
+
+
+def test_instants_past_the_microsecond_are_told_apart() -> None:
+    assert len(fingerprints("2026-01-01T08:00:00+08:00", "2026-01-01T08:00:00.0000001+08:00")) == 2
+    assert len(fingerprints("2026-01-01T08:00:00.123456789Z", "2026-01-01T08:00:00.123456Z")) == 2
+    # the same instant, however written
+    assert (
+        len(
+            fingerprints(
+                "2026-01-01T08:00:00.1234567+08:00",
+                "2026-01-01T00:00:00.12345670000Z",
+                "2025-12-31T23:00:00.1234567-01:00",
+            )
+        )
+        == 1
+    )
+    assert len(fingerprints("2026-01-01T00:00:00Z", "2026-01-01T00:00:00.0000000Z")) == 1
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("6011", "6011.0"), ("6011", "6.011e3"), ("100", "1E2"), ("0.5", "0.50"), ("-0", "0.0")],
+)
+def test_numbers_in_extra_fields_compare_by_value(first: str, second: str) -> None:
+    def extra(literal: str) -> str:
+        text = json.dumps(payment())
+        return text[:-1] + f', "mcc": {literal}, "nested": {{"a": [{literal}]}}}}'
+
+    assert parse_event(extra(first)).fingerprint == parse_event(extra(second)).fingerprint
+    assert parse_event(extra(first)).fingerprint != parse_event(extra("7")).fingerprint
+    # a string stays text
+    assert parse(payment(mcc="6011")).fingerprint != parse_event(extra("6011")).fingerprint
+
+
+def test_a_payload_stored_before_numbers_compared_by_value_is_still_a_duplicate() -> None:
+    import hashlib
+
+    from schemas.events import _fingerprint_encoder
+
+    raw = json.dumps(payment())[:-1] + ', "mcc": 6011.0}'
+    event = parse_event(raw)
+    doc = json.loads(raw, parse_float=Decimal)
+    extras = {"mcc": doc["mcc"]}
+    head = (doc["event_id"], "payment", doc["account_id"], 1050, "CNY")
+    old = (*head, event.epoch * 1_000_000, None, extras)  # as the fingerprint was made
+    assert event.legacy_fingerprint == (
+        hashlib.blake2b(_fingerprint_encoder.encode(old), digest_size=16).hexdigest()
+    )
+    assert event.fingerprint != event.legacy_fingerprint
+    assert parse(payment()).legacy_fingerprint is None  # nothing to tell apart: no second hash
 
 
 @pytest.mark.parametrize("value", [_DROP, None, 1_769_903_940, ["2026-01-31T23:59:00Z"]])
