@@ -108,7 +108,9 @@ class EventDoc(msgspec.Struct, forbid_unknown_fields=False):
         Annotated[
             # [0-9], not \d: a validator's \d may take other scripts' digits
             str,
-            msgspec.Meta(pattern=r"^\s*\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$"),
+            msgspec.Meta(
+                pattern=r"^[ \t\n\r]*\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?[ \t\n\r]*$"
+            ),
         ]
         | Annotated[float, msgspec.Meta(gt=0)]
         | None

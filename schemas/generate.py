@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
+from schemas.currencies import MINOR_UNITS
 from schemas.events import EventDoc
-from schemas.rules import RulesDoc
+from schemas.rules import _SCOPE_FIELD, RulesDoc
 from schemas.verdicts import DeadLetter, Verdict
 
 OUT = Path(__file__).resolve().parent / "json"
@@ -25,10 +26,67 @@ MODELS: dict[str, tuple[Any, str]] = {
 }
 
 
+_POSITIVE_DECIMAL: Final = (
+    r"^[ \t\n\r]*\+?([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)"
+    r"([eE][+-]?[0-9]+)?[ \t\n\r]*$"
+)
+"""A decimal string with a non-zero digit: > 0 (blanks around it, as the parser takes)."""
+_DECIMAL: Final = r"^[ \t\n\r]*\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?[ \t\n\r]*$"
+_NOT_NULL: Final = {"not": {"type": "null"}}
+
+
+def _present(*names: str) -> dict[str, Any]:
+    """Schema of an object in which each of ``names`` is present and not null."""
+    return {"required": list(names), "properties": dict.fromkeys(names, _NOT_NULL)}
+
+
+def _tighten(name: str, defs: dict[str, Any]) -> None:
+    """Add what the parser checks beyond the models' types, so that other teams'
+    validation refuses what limitflow would (not all of it: calendar dates, the digits
+    a currency allows, IANA zone names and unique rule ids are left to limitflow)."""
+    currencies = sorted(MINOR_UNITS)
+    if name == "event":
+        props = defs["EventDoc"]["properties"]
+        props["currency"]["anyOf"][0] = {"enum": currencies, "type": "string"}
+        props["amount"]["anyOf"][0]["pattern"] = _POSITIVE_DECIMAL
+        defs["EventDoc"]["if"] = {
+            "properties": {"type": {"const": "reversal"}},
+            "required": ["type"],
+        }
+        defs["EventDoc"]["then"] = _present("original_event_id")
+        defs["EventDoc"]["else"] = _present("amount", "currency")
+    elif name == "rules":
+        defs["RulesDoc"]["properties"]["rules"]["minItems"] = 1
+        rule = defs["RuleDoc"]
+        props = rule["properties"]
+        props["currency"]["anyOf"][0] = {"enum": currencies, "type": "string"}
+        field = {"pattern": _SCOPE_FIELD.pattern.join("^$"), "type": "string"}
+        props["scope"]["anyOf"] = [
+            field,
+            {"items": field, "minItems": 1, "type": "array", "uniqueItems": True},
+        ]
+        amount = props["max_amount"]["anyOf"]
+        amount[0]["pattern"] = _DECIMAL
+        amount[1]["minimum"] = amount[2]["minimum"] = 0
+        values = props["match"]["anyOf"][0]["additionalProperties"]["anyOf"]
+        values.insert(3, {"type": "number"})  # compared by its value's text
+        values[-1]["minItems"] = 1
+        values[-1]["items"]["anyOf"].append({"type": "number"})
+        rule["allOf"] = [
+            {"anyOf": [_present("max_count"), _present("max_amount")]},
+            {"if": _present("max_amount"), "then": _present("currency")},
+            {
+                "if": {"properties": {"window": {"const": "transaction"}}},
+                "then": _present("max_amount"),
+            },
+        ]
+
+
 def render(name: str) -> str:
     """The schema file text of one model."""
     model, title = MODELS[name]
     schema = msgspec.json.schema(model)
+    _tighten(name, schema["$defs"])
     schema = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://limitflow.dev/schemas/{name}.schema.json",
