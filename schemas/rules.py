@@ -190,9 +190,21 @@ def _settle_floats(value: Any, in_match: bool = False) -> Any:
         return [_settle_floats(item, in_match) for item in value]
     if isinstance(value, dict):
         return {
-            key: _settle_floats(item, in_match or key == "match") for key, item in value.items()
+            key: _whole(item)
+            if key == "max_count" and isinstance(item, _Float)
+            else _settle_floats(item, in_match or key == "match")
+            for key, item in value.items()
         }
     return value
+
+
+def _whole(value: _Float) -> int | float:
+    """A count written as a float: ``5.0`` is 5, as JSON Schema's integer says; ``5.5``
+    a float, which the model refuses as one (text would be refused as text)."""
+    number = Decimal(value)
+    if number.is_finite() and number.adjusted() < 18 and number == number.to_integral_value():
+        return int(number)
+    return float(value)
 
 
 def _refuse_unclear(data: Any) -> None:

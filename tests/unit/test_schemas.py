@@ -172,6 +172,8 @@ RULE = {"id": "r", "window": "day", "max_count": 1}
         [],
         [{"id": "r", "window": "day"}],
         [{**RULE, "max_count": None}],
+        [{**RULE, "max_count": 5.0}],
+        [{**RULE, "max_count": 5.5}],
         [{"id": "r", "window": "day", "max_amount": "5"}],
         [{"id": "r", "window": "day", "max_amount": "5", "currency": "CNY"}],
         [{"id": "r", "window": "day", "max_amount": "-5", "currency": "CNY"}],
