@@ -217,6 +217,23 @@ async def _started(
             delay = min(ceiling, delay * 2)
 
 
+async def _close_consumer(consumer: AIOKafkaConsumer) -> None:
+    """Leave the group and close; with the brokers gone this may fail, which must not
+    turn a clean stop into a crash: every offset that matters is committed already."""
+    try:
+        await asyncio.wait_for(consumer.stop(), 15)
+    except asyncio.CancelledError:
+        # aiokafka's fetcher, closing, awaits its own fetch task, which it cancelled, and
+        # that cancellation comes out here when the brokers are gone. Only this task's
+        # own cancellation goes on.
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.warning("the consumer closed without reaching the brokers")
+    except Exception as exc:  # closing: say it, and exit as asked
+        log.warning("the consumer did not close cleanly: %s", str(exc) or type(exc).__name__)
+
+
 async def _topics_create(args: argparse.Namespace) -> int:
     from limitflow.cli import EXIT_OK, CommandFailed
     from limitflow.errors import BrokerError
@@ -361,8 +378,7 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
         if output is not None:
             await output.close()
         if consumer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(consumer.stop(), 15)
+            await _close_consumer(consumer)
         if ops:
             await ops.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):

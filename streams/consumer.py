@@ -21,7 +21,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition  # type: ignore[import-untyped]
 from aiokafka.errors import IllegalStateError, KafkaError  # type: ignore[import-untyped]
@@ -42,6 +42,12 @@ Batch = Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 
 _LAG_EVERY = 2.0
 """Seconds between the lag updates made while a batch waits on an outage."""
+_PROBE_EVERY = 2.0
+"""Seconds without records after which an idle consumer asks whether the brokers answer."""
+
+
+_PROBED: Final = frozenset({ConsumerState.RUNNING, ConsumerState.WAITING})
+"""States in which an idle consumer probes the brokers (not while joining or stopping)."""
 
 
 class BatchAbandoned(Exception):
@@ -93,6 +99,9 @@ class VelocityConsumer:
         """A non-retriable error met in a rebalance callback, for ``run`` to raise."""
         self._round_trips = engine.store.round_trips
         self._expired = engine.store.expired_deleted
+        self._heard_at = time.monotonic()
+        """When the brokers last answered: a batch arrived, or an idle probe succeeded."""
+        self._brokers_lost_at: float | None = None
 
     # -- life cycle ---------------------------------------------------------------
 
@@ -126,8 +135,11 @@ class VelocityConsumer:
                     timeout_ms=timeout, max_records=self.settings.batch_size
                 )
                 if batch:
+                    self._brokers_answered()
                     async with self._batch_lock:
                         await self._handle(batch)
+                else:
+                    await self._probe_brokers()
                 self._update_lag()
         except BaseException:
             self.health.set(ConsumerState.FAILED)
@@ -374,6 +386,50 @@ class VelocityConsumer:
                 position = self._positions.get(tp)
                 if position is not None:
                     self.metrics.lag.labels(str(tp.partition)).set(max(0, end - position))
+
+    async def _probe_brokers(self) -> None:
+        """Ask the brokers for the assigned partitions' end offsets (or for metadata,
+        with none assigned) after ``_PROBE_EVERY`` s without records.
+
+        ``getmany`` never fails: aiokafka's fetcher logs a fetch that fails and tries
+        again, and ``getmany`` returns nothing. Without this, an idle consumer would stay
+        ready through a whole broker outage, and nothing would show it."""
+        now = time.monotonic()
+        if now - self._heard_at < _PROBE_EVERY or self.health.state not in _PROBED:
+            return
+        self._heard_at = now
+        assigned = list(self.consumer.assignment())
+        try:
+            if assigned:
+                await asyncio.wait_for(self.consumer.end_offsets(assigned), _PROBE_EVERY)
+            else:
+                await asyncio.wait_for(self.consumer.topics(), _PROBE_EVERY)
+        except (KafkaError, TimeoutError, OSError) as exc:
+            self.metrics.retries.labels("fetch").inc()
+            if self._brokers_lost_at is None:
+                self._brokers_lost_at = now
+                log.warning(
+                    "brokers do not answer: %s",
+                    str(exc) or type(exc).__name__,
+                    extra={"stage": "fetch", "error": type(exc).__name__},
+                )
+                if self.health.state is ConsumerState.RUNNING:
+                    self.health.set(ConsumerState.WAITING, waiting_on="fetch")
+            return
+        self._brokers_answered()
+
+    def _brokers_answered(self) -> None:
+        self._heard_at = time.monotonic()
+        if self._brokers_lost_at is None:
+            return
+        log.info(
+            "brokers answer again after %.1fs",
+            self._heard_at - self._brokers_lost_at,
+            extra={"stage": "fetch"},
+        )
+        self._brokers_lost_at = None
+        if self.health.state is ConsumerState.WAITING and self.health.waiting_on == "fetch":
+            self.health.set(ConsumerState.RUNNING)
 
     def _update_lag(self) -> None:
         for tp, position in self._positions.items():

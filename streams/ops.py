@@ -6,8 +6,8 @@ per connection), so no web framework is needed for three read-only paths:
     /healthz   200 while the process is working or waiting out an outage; 503 once failed
     /readyz    200 once the consumer has joined its group and while its last store and
                broker operations succeeded; 503 while starting, waiting on an outage
-               (retrying), stopping or failed. An idle consumer learns that brokers are
-               gone at its next fetch or commit, not before.
+               (retrying), stopping or failed. A consumer without records asks the
+               brokers every 2 s whether they answer (``waiting_on: fetch`` if not).
     /metrics   Prometheus text format
 """
 

@@ -906,3 +906,32 @@ def test_ready_only_once_the_group_has_assigned_partitions(setup: Setup) -> None
         else:
             assert body["state"] == "starting", body
     assert setup.stop(proc) == 0
+
+
+def test_an_idle_consumer_shows_a_broker_outage_and_still_stops_cleanly(tmp_path: Path) -> None:
+    # aiokafka's getmany swallows fetch errors: /readyz said 200 through a whole outage,
+    # and a SIGTERM then ended in a CancelledError traceback and exit 1
+    with kafka_broker("tansu") as broker:
+        s = Setup(broker.bootstrap_servers, tmp_path, f"idle-{random.randrange(10**6)}")
+        s.create_topics()
+        port = _free_port()
+        proc = s.run("--http-port", str(port))
+        try:
+
+            def readyz() -> tuple[int, dict[str, Any]]:
+                try:
+                    status, body = http_get(port, "/readyz")
+                except OSError:
+                    return 0, {}
+                return status, json.loads(body)
+
+            wait_for(lambda: readyz()[0] == 200, 60, "ready")
+            broker.kill()
+            wait_for(lambda: readyz()[0] == 503, 20, "/readyz to show the outage")
+            assert readyz()[1]["waiting_on"] == "fetch"
+            _, metrics = http_get(port, "/metrics")
+            assert 'limitflow_retries_total{stage="fetch"}' in metrics
+            assert s.stop(proc) == 0
+            assert "Traceback" not in s.log(0), s.log(0)[-2000:]
+        finally:
+            s.kill_all()
