@@ -11,6 +11,8 @@ import enum
 from collections.abc import Iterable, Sequence
 from typing import Final, NamedTuple
 
+import msgspec
+
 from handlers.periods import PERIOD_SPAN, PeriodClock, clock_for
 from handlers.state import Bucket, EventRecord, Keys, WorkingState
 from schemas.amounts import AmountError, format_minor, to_minor
@@ -265,7 +267,7 @@ class Decider:
                     OutcomeKind.DUPLICATE,
                     seen.verdict,
                     Decision.ACCEPT if seen.accepted else Decision.REJECT,
-                    None,
+                    _reason_in(seen.verdict),
                 )
             return _dead(
                 DeadLetterError.IDEMPOTENCY_CONFLICT,
@@ -547,6 +549,22 @@ def _scope_text(name: str, value: object) -> str:
             f"{name}: a rule scopes by this field, so it must be a string or a number",
         )
     return text
+
+
+class _ReasonOnly(msgspec.Struct):
+    reason: Reason | None = None
+
+
+_decode_reason: Final = msgspec.json.Decoder(_ReasonOnly).decode
+
+
+def _reason_in(verdict: bytes) -> Reason | None:
+    """The reason a stored verdict gives, for a duplicate's outcome (metrics count it
+    under its original's reason). Only that field is decoded."""
+    try:
+        return _decode_reason(verdict).reason
+    except msgspec.DecodeError:  # not a verdict this version knows: no reason to tell
+        return None
 
 
 def _dead(error: DeadLetterError, detail: str) -> Outcome:

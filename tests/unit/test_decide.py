@@ -428,3 +428,22 @@ def test_scope_values_with_separators_keep_their_buckets_apart() -> None:
         "card-month|2026-03|c|m\\\\\\|1": (1, 200),
         "card-month|2026-03|c\\|d\\|x|d": (1, 300),
     }
+
+
+def test_a_duplicate_carries_its_original_reason_for_the_metrics() -> None:
+    engine = Engine(Decider(parse_rules(RULES)), MemoryStore())
+    lines = [
+        pay("big", "500.00"),
+        reverse("r1", "nope"),
+        pay("big", "500.00"),
+        reverse("r1", "nope"),
+    ]
+    results = asyncio.run(
+        engine.process([Record(line.encode(), {"line": n}) for n, line in enumerate(lines, 1)])
+    )
+    assert [(r.kind.value, str(r.reason)) for r in results] == [
+        ("verdict", "limit_exceeded"),
+        ("verdict", "original_not_found"),
+        ("duplicate", "limit_exceeded"),
+        ("duplicate", "original_not_found"),
+    ]
