@@ -54,9 +54,23 @@ def _kafka_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         help=_env_help("replication factor of created topics (1)", "replication_factor"),
     )
-    add("--client-id", help=argparse.SUPPRESS)
-    add("--request-timeout-ms", type=int, help=argparse.SUPPRESS)
-    add("--max-message-bytes", type=int, help=argparse.SUPPRESS)
+    tuning = parser.add_argument_group("Kafka client tuning")
+    tuning.add_argument(
+        "--client-id", help=_env_help("client id the brokers see (limitflow)", "client_id")
+    )
+    tuning.add_argument(
+        "--request-timeout-ms",
+        type=int,
+        help=_env_help("per broker request; slower counts as down (30000)", "request_timeout_ms"),
+    )
+    tuning.add_argument(
+        "--max-message-bytes",
+        type=int,
+        help=_env_help(
+            "largest record published; a larger dead letter names its record (1000000)",
+            "max_message_bytes",
+        ),
+    )
 
 
 def register_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -96,16 +110,18 @@ def register_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         choices=["json", "text"],
         help=_env_help("json (default) or text", "log_format"),
     )
-    for hidden in (
-        "--poll-timeout-ms",
-        "--fetch-max-wait-ms",
-        "--session-timeout-ms",
-        "--max-poll-interval-ms",
-        "--retry-initial-ms",
-        "--retry-max-ms",
-        "--shutdown-grace-ms",
+    timing = run.add_argument_group("timing")
+    for option, text in (
+        ("--poll-timeout-ms", "longest wait for records in one poll (500)"),
+        ("--fetch-max-wait-ms", "longest a broker may hold an empty fetch (50)"),
+        ("--session-timeout-ms", "group session timeout (10000)"),
+        ("--max-poll-interval-ms", "group's limit between polls (300000)"),
+        ("--retry-initial-ms", "first wait after a retriable failure, then doubled (200)"),
+        ("--retry-max-ms", "longest wait between retries (30000)"),
+        ("--shutdown-grace-ms", "on SIGTERM, how long an outage may hold the batch (30000)"),
     ):
-        add(hidden, type=int, help=argparse.SUPPRESS)
+        name = option.removeprefix("--").replace("-", "_")
+        timing.add_argument(option, type=int, help=_env_help(text, name))
     run.set_defaults(handler=_run)
 
     topics = commands.add_parser("topics", help="manage the Kafka topics limitflow uses")

@@ -214,3 +214,21 @@ def test_the_faust_consumer_waits_for_fetches_as_long_as_the_setting_says(
         check=True,
     )
     assert done.stdout.split() == expected.split()
+
+
+def test_run_help_names_every_setting_and_its_variable() -> None:
+    # the README sends people to --help for the LIMITFLOW_ variables; it hid ten of them
+    from limitflow.settings import KafkaSettings, RunSettings
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "limitflow", "run", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "200"},
+    ).stdout
+    names = {f.name for f in dataclasses.fields(RunSettings) if f.name not in ("kafka",)}
+    names |= {f.name for f in dataclasses.fields(KafkaSettings)}
+    for name in sorted(names):
+        assert f"--{name.replace('_', '-')}" in shown, name
+        assert env_name(name) in shown, name
