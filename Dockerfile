@@ -1,6 +1,9 @@
 # limitflow: `limitflow run` (default) or the faust worker, with the sample files.
 #   docker build -t limitflow .
 #   docker run --rm limitflow limitflow rules check examples/rules.yaml
+#   docker run --rm -v lf:/data limitflow limitflow replay --rules examples/rules.yaml \
+#     --input examples/events.jsonl --output - --dead-letter - --store sqlite:////data/replay.db
+# (/data is the writable volume; replay does not read LIMITFLOW_STORE, run does)
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

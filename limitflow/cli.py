@@ -225,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--store",
         default=DEFAULT_STORE,
         help=f"state store URL: memory://, sqlite:///PATH, mongodb://…, dynamodb://… "
-        f"(default {DEFAULT_STORE})",
+        f"(default {DEFAULT_STORE}; LIMITFLOW_STORE is run's and is not read here, so a "
+        "trial replay never counts into a production store)",
     )
     replay.add_argument("--batch-size", type=int, default=2_000, help=argparse.SUPPRESS)
     replay.set_defaults(handler=_replay)
