@@ -363,11 +363,14 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
             )
         if settings.guarantee is Guarantee.EXACTLY_ONCE:
             output = TransactionalOutput(
-                lambda tid: _producer(kafka, tid), consumer, settings.group_id
+                lambda tid: _producer(kafka, tid),
+                consumer,
+                settings.group_id,
+                timeout=kafka.request_timeout_ms / 1000,
             )
         else:
             producer = await _started("producer", lambda: _producer(kafka), stop, settings)
-            output = AtLeastOnceOutput(producer, consumer)
+            output = AtLeastOnceOutput(producer, consumer, timeout=kafka.request_timeout_ms / 1000)
         engine = Engine(Decider(rules), store)
         runner = VelocityConsumer(settings, engine, consumer, output, health, metrics)
         log.info(

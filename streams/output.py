@@ -217,9 +217,14 @@ class AtLeastOnceOutput(Output):
     (identical bytes, from the idempotency records); nothing is ever lost.
     """
 
-    def __init__(self, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer) -> None:
+    def __init__(
+        self, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer, *, timeout: float = 30.0
+    ) -> None:
         self.producer = producer
         self.consumer = consumer
+        self.timeout = timeout
+        """Longest wait for an offset commit (aiokafka retries one without end while the
+        group coordinator is unreachable, which would hold a stop for the whole outage)."""
 
     async def deliver(
         self,
@@ -230,7 +235,10 @@ class AtLeastOnceOutput(Output):
         todo = [tp for tp in batch if tp not in done]
         with kafka_errors_translated():
             await send_all(self.producer, [m for tp in todo for m in batch[tp]])
-            await self.consumer.commit({tp: offsets[tp] for tp in todo})
+            # the same offsets committed again after a timeout change nothing
+            await asyncio.wait_for(
+                self.consumer.commit({tp: offsets[tp] for tp in todo}), self.timeout
+            )
         done.update(todo)
 
     async def close(self) -> None:
@@ -251,11 +259,19 @@ class TransactionalOutput(Output):
         make_producer: Callable[[str], AIOKafkaProducer],
         consumer: AIOKafkaConsumer,
         group_id: str,
+        *,
+        timeout: float = 30.0,
     ) -> None:
         self.make_producer = make_producer
         self.consumer = consumer
         self.group_id = group_id
+        self.timeout = timeout
+        """Request timeout: a transaction (start, publish, offsets, commit) that takes
+        twice as long counts as a broker outage; aiokafka would wait without end."""
         self.producers: dict[TopicPartition, AIOKafkaProducer] = {}
+        self._unsure: set[TopicPartition] = set()
+        """Partitions whose last transaction failed, perhaps after the coordinator had
+        committed it: before publishing again, the committed offset says."""
 
     def transactional_id(self, tp: TopicPartition) -> str:
         return f"limitflow-{self.group_id}-{tp.topic}-{tp.partition}"
@@ -283,6 +299,7 @@ class TransactionalOutput(Output):
                     self.consumer.seek(tp, committed)
 
     async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
+        self._unsure -= partitions  # the next owner starts from the committed offset
         await asyncio.gather(*(self._discard(tp) for tp in partitions))
 
     async def _discard(self, tp: TopicPartition) -> None:
@@ -316,15 +333,30 @@ class TransactionalOutput(Output):
     async def _transact(self, tp: TopicPartition, batch: list[Message], offset: int) -> None:
         try:
             with kafka_errors_translated():
-                producer = await self._producer(tp)
-                await producer.begin_transaction()
-                await send_all(producer, batch)
-                await producer.send_offsets_to_transaction({tp: offset}, self.group_id)
-                await producer.commit_transaction()
+                # aiokafka retries a transactional producer's requests without end while
+                # the brokers are unreachable: a deadline turns that into an outage
+                await asyncio.wait_for(self._transact_once(tp, batch, offset), 2 * self.timeout)
         except BaseException:
-            # A fresh producer (same transactional_id) aborts whatever this one left open.
+            # A fresh producer (same transactional_id) aborts whatever this one left open,
+            # or completes its commit if that had reached the coordinator.
             await self._discard(tp)
             raise
+
+    async def _transact_once(self, tp: TopicPartition, batch: list[Message], offset: int) -> None:
+        producer = await self._producer(tp)
+        if tp in self._unsure:
+            # the new producer has fenced the old one: its transaction is now either
+            # committed or aborted, and a committed one moved the group's offset
+            committed = await self.consumer.committed(tp)
+            self._unsure.discard(tp)
+            if committed is not None and committed >= offset:
+                return  # published and committed already: not again
+        await producer.begin_transaction()
+        self._unsure.add(tp)
+        await send_all(producer, batch)
+        await producer.send_offsets_to_transaction({tp: offset}, self.group_id)
+        await producer.commit_transaction()
+        self._unsure.discard(tp)
 
     async def close(self) -> None:
         await asyncio.gather(*(self._discard(tp) for tp in list(self.producers)))

@@ -935,3 +935,41 @@ def test_an_idle_consumer_shows_a_broker_outage_and_still_stops_cleanly(tmp_path
             assert "Traceback" not in s.log(0), s.log(0)[-2000:]
         finally:
             s.kill_all()
+
+
+@pytest.mark.parametrize("outage", ["stopped", "frozen"])
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_a_stop_during_a_broker_outage_ends_within_the_grace(
+    noida: Any, tmp_path: Path, guarantee: str, outage: str
+) -> None:
+    # aiokafka retries an offset commit, and a transaction's requests, without end while
+    # the brokers are gone: the batch never failed, so neither the grace period nor a
+    # second signal applied, and run exited only when the broker came back
+    s = Setup(noida.bootstrap_servers, tmp_path, f"stop-{random.randrange(10**6)}")
+    s.create_topics()
+    try:
+        await produce(s.bootstrap, s.topics[0], make_events(1500, seed=9))
+        port = _free_port()
+        proc = s.run(
+            *("--guarantee", guarantee, "--batch-size", "5", "--http-port", str(port)),
+            *("--request-timeout-ms", "3000", "--shutdown-grace-ms", "5000"),
+        )
+        wait_for(lambda: _rows(s.store) > 20, 90, "progress")
+        if outage == "frozen":  # connections stay open, nothing answers
+            os.kill(_pid(noida), signal.SIGSTOP)
+        else:
+            noida.stop()
+        try:
+            wait_for(lambda: http_get(port, "/readyz")[0] == 503, 20, "/readyz to show it")
+            stopped_at = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(45) == 0, s.log(0)[-3000:]
+            assert time.monotonic() - stopped_at < 45
+            assert "Traceback" not in s.log(0)
+        finally:
+            if outage == "frozen":
+                os.kill(_pid(noida), signal.SIGCONT)
+            else:
+                noida.start()
+    finally:
+        s.kill_all()
