@@ -85,6 +85,9 @@ class FaustSettings:
     partitions: int = 6
     """Partitions of topics the app creates when they are missing."""
     session_timeout_ms: int = 10_000
+    request_timeout_ms: int = 30_000
+    """As for ``limitflow run``: a publish the brokers have not acknowledged by then is
+    an outage, retried (faust's own default waits 20 minutes, and a stop with it)."""
     retry_initial_ms: int = 200
     """First wait after a retriable failure; doubled on each further failure."""
     retry_max_ms: int = 30_000
@@ -106,6 +109,7 @@ class FaustSettings:
             "fetch_max_wait_ms",
             "partitions",
             "session_timeout_ms",
+            "request_timeout_ms",
             "retry_initial_ms",
             "retry_max_ms",
         ):
@@ -131,6 +135,8 @@ def _unkeyed(result: Result) -> None:
 
 
 def _retriable(exc: BaseException) -> bool:
+    if isinstance(exc, TimeoutError):
+        return True
     if isinstance(exc, LimitflowError):
         return exc.retriable
     if isinstance(exc, KafkaError):
@@ -156,8 +162,13 @@ class BatchHandler:
         delay = self.settings.retry_initial_ms / 1000
         while True:
             try:
-                await self._publish(
-                    list(messages(await self.engine.process(records), self.settings, _unkeyed))
+                decided = list(
+                    messages(await self.engine.process(records), self.settings, _unkeyed)
+                )
+                # bounded: with the brokers gone, aiokafka may wait on metadata or acks
+                # without end, and a stop would wait with it
+                await asyncio.wait_for(
+                    self._publish(decided), self.settings.request_timeout_ms / 1000
                 )
                 break
             except Exception as exc:
@@ -165,6 +176,7 @@ class BatchHandler:
                     raise
                 if stream.should_stop or self.app.should_stop:
                     # unacked: the batch is delivered again and deduplicated
+                    self._let_go(events)
                     return False
                 log.warning(
                     "batch of %d failed, retrying in %.1fs: %s: %s",
@@ -178,6 +190,17 @@ class BatchHandler:
         for event in events:
             await stream.ack(event)
         return True
+
+    def _let_go(self, events: Sequence[EventT[Any]]) -> None:
+        """Stop faust's shutdown from waiting for ``events``.
+
+        faust's stop waits until every message it handed out is acked (``wait_empty``),
+        and these are left unacked on purpose: faust commits acked offsets only, so they
+        are delivered again after the restart. Without this the worker waited forever
+        after an outage had held up its last batch."""
+        unacked = self.app.consumer.unacked
+        for event in events:
+            unacked.discard(event.message)
 
     async def _publish(self, records: Sequence[Message]) -> None:
         """Send ``records`` in order and wait until the broker has every one.
@@ -258,6 +281,7 @@ def build_app(settings: FaustSettings) -> faust.App:
         broker_session_timeout=session,
         broker_heartbeat_interval=max(session / 10, 0.1),
         broker_commit_interval=1.0,
+        producer_request_timeout=settings.request_timeout_ms / 1000,
         web_port=settings.web_port,
         datadir=settings.data_dir
         or os.path.join(tempfile.gettempdir(), f"limitflow-faust-{settings.group_id}"),
