@@ -191,7 +191,7 @@ def _settle_floats(value: Any, in_match: bool = False) -> Any:
     if isinstance(value, dict):
         return {
             key: _whole(item)
-            if key == "max_count" and isinstance(item, _Float)
+            if key == "max_count" and isinstance(item, _Float) and not in_match
             else _settle_floats(item, in_match or key == "match")
             for key, item in value.items()
         }

@@ -174,6 +174,7 @@ RULE = {"id": "r", "window": "day", "max_count": 1}
         [{**RULE, "max_count": None}],
         [{**RULE, "max_count": 5.0}],
         [{**RULE, "max_count": 5.5}],
+        [{**RULE, "match": {"max_count": 1.5}}],  # an event field of that name: a value
         [{"id": "r", "window": "day", "max_amount": "5"}],
         [{"id": "r", "window": "day", "max_amount": "5", "currency": "CNY"}],
         [{"id": "r", "window": "day", "max_amount": "-5", "currency": "CNY"}],
