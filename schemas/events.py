@@ -79,8 +79,9 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     """Hash of the parsed payload: equal for a resend of the same event."""
     legacy_fingerprint: str | None = None
     """The fingerprint limitflow gave this payload before numbers in extra fields were
-    compared by value and times past the microsecond as instants; set only where the two
-    differ, so that a resend of an event stored before that is still a duplicate."""
+    compared by value; set only where the two differ, so that a resend of an event stored
+    before that is still a duplicate. (It cannot wrongly match a newer record: it differs
+    from ``fingerprint`` only by a number written in a form the newer one never hashes.)"""
 
 
 _DATE_TIME: Final = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?"
@@ -155,11 +156,8 @@ message. Python's fromisoformat alone also takes ISO week dates, times without s
 ``+0800`` and other ISO 8601 forms that the contract does not."""
 
 
-def _timestamp(value: object) -> tuple[str, int, int, str | None]:
-    """Return (text, floor epoch seconds, epoch microseconds, finer) of an RFC 3339
-    timestamp. ``finer`` tells instants apart that share a microsecond: the digits past
-    it, and a leap second's whole fraction (it is counted as 23:59:59.999999); None when
-    there is nothing finer."""
+def _timestamp(value: object) -> tuple[str, int, int]:
+    """Return (text, floor epoch seconds, epoch microseconds) of an RFC 3339 timestamp."""
     if not isinstance(value, str):
         raise EventRejected(DeadLetterError.INVALID_EVENT, "occurred_at: is required, as a string")
     form = _RFC3339.fullmatch(value) if len(value) <= 64 else None
@@ -191,15 +189,7 @@ def _timestamp(value: object) -> tuple[str, int, int, str | None]:
             DeadLetterError.INVALID_EVENT,
             f"occurred_at: {value!r} is outside 0001-01-02 to 9999-12-30 UTC",
         )
-    finer = None
-    if leap or len(value) > 27:  # shorter, a fraction has at most 6 digits
-        fraction = _FRACTION.match(value, 19)
-        digits = "" if fraction is None else fraction.group(1)
-        finer = "60." + digits.rstrip("0") if leap else digits[6:].rstrip("0") or None
-    return value, micros // 1_000_000, micros, finer
-
-
-_FRACTION: Final = re.compile(r"\.([0-9]+)")
+    return value, micros // 1_000_000, micros
 
 
 _MICROSECOND: Final = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC) - _EPOCH
@@ -272,7 +262,7 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
             DeadLetterError.INVALID_EVENT,
             f"type: must be 'payment' or 'reversal', got {kind_text!r}",
         ) from None
-    occurred_at, epoch, micros, finer = _timestamp(doc.get("occurred_at"))
+    occurred_at, epoch, micros = _timestamp(doc.get("occurred_at"))
 
     currency = doc.get("currency")
     if currency is not None and (not isinstance(currency, str) or currency not in MINOR_UNITS):
@@ -328,12 +318,12 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
         account_id,
         amount_part,
         currency,
-        micros if finer is None else [micros, finer],
+        micros,  # the instant, to the microsecond (a leap second is its last one)
         original,
         by_value,
     )
     legacy = None
-    if finer is not None or by_value is not extras:
+    if by_value is not extras:
         legacy = _fingerprint(
             event_id, kind.value, account_id, amount_part, currency, micros, original, extras
         )
