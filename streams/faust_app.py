@@ -244,6 +244,30 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer._fetch_max_wait_ms = cast(LimitflowApp, self.app).fetch_max_wait_ms
         return consumer
 
+    async def _commit(self, offsets: Any) -> bool:
+        """faust's commit, bounded: aiokafka retries a commit without end while the group
+        coordinator is unreachable, and faust's shutdown commits before it ends, so a
+        stop during a broker outage waited for the brokers. A commit that times out
+        failed: the offsets stay where they were, and those events come again."""
+        timeout = cast(LimitflowApp, self.app).request_timeout_ms / 1000
+        try:
+            return bool(await asyncio.wait_for(super()._commit(offsets), timeout))
+        except TimeoutError:
+            log.warning("offset commit timed out after %.0fs: brokers unreachable", timeout)
+            return False
+
+    async def on_thread_stop(self) -> None:
+        """faust's, but a consumer closed without its brokers does not kill the thread:
+        aiokafka's fetcher awaits the fetch task it cancelled, and that cancellation comes
+        out of ``stop()`` (the same as in ``limitflow run``'s close)."""
+        try:
+            await super().on_thread_stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            log.warning("the consumer closed without reaching the brokers")
+
 
 class _Consumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> _ConsumerThread:
@@ -257,8 +281,11 @@ class _Transport(faust_aiokafka.Transport):
 class LimitflowApp(faust.App):
     """A faust app whose Kafka consumers wait at most ``fetch_max_wait_ms`` for a fetch."""
 
-    def __init__(self, *args: Any, fetch_max_wait_ms: int, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, fetch_max_wait_ms: int, request_timeout_ms: int, **kwargs: Any
+    ) -> None:
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.request_timeout_ms = request_timeout_ms
         super().__init__(*args, **kwargs)
 
     def _new_transport(self) -> Any:
@@ -272,6 +299,7 @@ def build_app(settings: FaustSettings) -> faust.App:
     app = LimitflowApp(
         settings.group_id,
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        request_timeout_ms=settings.request_timeout_ms,
         broker=",".join(f"kafka://{hp.strip()}" for hp in settings.bootstrap_servers.split(",")),
         autodiscover=False,
         store="memory://",

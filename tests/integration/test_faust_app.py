@@ -124,6 +124,7 @@ class Worker:
         group: str,
         log: Path,
         batch_size: str = "500",
+        **settings: str,
     ):
         argv, env = faust_worker(
             kafka.bootstrap_servers,
@@ -131,6 +132,7 @@ class Worker:
             group,
             store,
             batch_size=batch_size,
+            **settings,
         )
         self.log = log
         with open(log, "wb") as out:
@@ -295,3 +297,40 @@ async def test_a_stop_while_the_store_is_locked_ends_and_loses_nothing(
         assert seen == set(expected)
     finally:
         assert again.stop() == 0, (tmp_path / "w2.log").read_text()[-3000:]
+
+
+async def test_a_stop_while_the_brokers_are_down_ends(tmp_path: Path) -> None:
+    # faust's shutdown commits first, and aiokafka retried that commit until the brokers
+    # came back; then the consumer thread died of the fetcher's CancelledError
+    with kafka_broker("tansu") as broker:
+        names = Topics()
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+        await admin.start()
+        try:
+            await admin.create_topics(
+                [NewTopic(name, 1, 1) for name in (names.input, names.output, names.dead)]
+            )
+        finally:
+            await admin.close()
+        await produce(broker, names.input, input_lines()[:400])
+        store = f"sqlite:///{tmp_path / 'faust.db'}"
+        worker = Worker(
+            broker,
+            names,
+            store,
+            f"g-{uuid.uuid4().hex[:6]}",
+            tmp_path / "w.log",
+            batch_size="10",
+            request_timeout_ms="3000",
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "faust.db").exists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1)
+            broker.stop()
+            await asyncio.sleep(2)
+            os.killpg(worker.proc.pid, signal.SIGTERM)
+            assert worker.proc.wait(30) == 0, worker.log.read_text()[-3000:]
+        finally:
+            worker.kill()
