@@ -174,9 +174,7 @@ class BatchHandler:
             except Exception as exc:
                 if not _retriable(exc):
                     raise
-                if stream.should_stop or self.app.should_stop:
-                    # unacked: the batch is delivered again and deduplicated
-                    self._let_go(events)
+                if self._stopping(stream):
                     return False
                 log.warning(
                     "batch of %d failed, retrying in %.1fs: %s: %s",
@@ -185,22 +183,30 @@ class BatchHandler:
                     type(exc).__name__,
                     exc,
                 )
-                await asyncio.sleep(delay)
+                deadline = asyncio.get_running_loop().time() + delay
+                while (left := deadline - asyncio.get_running_loop().time()) > 0:
+                    await asyncio.sleep(min(left, 0.2))  # a stop need not wait out the delay
+                    if self._stopping(stream):
+                        return False
                 delay = min(delay * 2, self.settings.retry_max_ms / 1000)
         for event in events:
             await stream.ack(event)
         return True
 
-    def _let_go(self, events: Sequence[EventT[Any]]) -> None:
-        """Stop faust's shutdown from waiting for ``events``.
+    def _stopping(self, stream: Stream[Any]) -> bool:
+        """Whether the worker is stopping; if so, the batch in hand is left unacked (it is
+        delivered again after the restart, and deduplicated), and faust is told not to
+        wait for it.
 
-        faust's stop waits until every message it handed out is acked (``wait_empty``),
-        and these are left unacked on purpose: faust commits acked offsets only, so they
-        are delivered again after the restart. Without this the worker waited forever
-        after an outage had held up its last batch."""
-        unacked = self.app.consumer.unacked
-        for event in events:
-            unacked.discard(event.message)
+        faust's stop waits until every message it handed out is acked (``wait_empty``):
+        this batch, and the events fetched behind it, which this agent, leaving, will
+        never take. faust commits acked offsets only, so dropping them from its list
+        loses nothing; without it the worker waited forever after an outage had held up
+        its last batch."""
+        if not (stream.should_stop or self.app.should_stop):
+            return False
+        self.app.consumer.unacked.clear()
+        return True
 
     async def _publish(self, records: Sequence[Message]) -> None:
         """Send ``records`` in order and wait until the broker has every one.
