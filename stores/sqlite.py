@@ -33,7 +33,12 @@ from typing import Any, Final
 import msgspec
 
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
-from limitflow.errors import ConflictError, StoreNotInitialized, StoreUnavailable
+from limitflow.errors import (
+    ConflictError,
+    StoreNotInitialized,
+    StoreRejected,
+    StoreUnavailable,
+)
 from schemas.events import EventType
 from stores.base import Expected, Retention, Store
 from stores.verdict_codec import pack_verdict, unpack_verdict
@@ -108,12 +113,19 @@ class SqliteStore(Store):
         """Where each table's sweep is: the last key it looked at."""
 
     async def _create(self) -> None:
-        self._db.executescript(_SCHEMA)
+        try:
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
 
     async def _verify(self) -> None:
-        names = {
-            row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
-        }
+        try:
+            names = {
+                row[0]
+                for row in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
         if not {"buckets", "accounts", "events"} <= names:
             raise StoreNotInitialized(
                 f"{self.path} has no limitflow tables: run `limitflow store init`"
@@ -164,7 +176,7 @@ class SqliteStore(Store):
                         version=row[12],
                         expires_at=row[13],
                     )
-        except sqlite3.OperationalError as exc:
+        except sqlite3.Error as exc:  # also a damaged file (DatabaseError)
             raise _translate(exc) from exc
         return snapshot
 
@@ -173,7 +185,7 @@ class SqliteStore(Store):
         self.round_trips += 1
         try:
             db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
+        except sqlite3.Error as exc:
             raise _translate(exc) from exc
         try:
             changes = 0
@@ -322,4 +334,6 @@ def _translate(exc: sqlite3.Error) -> Exception:
     text = str(exc)
     if "no such table" in text:
         return StoreNotInitialized("SQLite tables are missing: run `limitflow store init`")
+    if type(exc) is sqlite3.DatabaseError:  # "malformed", "not a database": no retry helps
+        return StoreRejected(f"SQLite: {text} (the file is damaged or not a database)")
     return StoreUnavailable(f"SQLite: {text}")
