@@ -126,6 +126,11 @@ class _Unclear:
         return f"{self.text} would be read as {self.reading}: {self.advice} (line {self.line})"
 
 
+_MOST_VALUES: Final = 1_000_000
+"""Most values (keys, scalars, lists, mappings) a rules file may expand to through its
+aliases: a thousand rules of ordinary size hold far fewer."""
+
+
 class _RulesLoader(yaml.SafeLoader):
     """YAML with no silent surprises in a file of limits.
 
@@ -137,6 +142,34 @@ class _RulesLoader(yaml.SafeLoader):
     compared by its value, see ``_settle_floats``), dates their text. Merge keys
     (``<<: *base``) work as in YAML, overriding what they merge.
     """
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        """Refuse a document that aliases expand past ``_MOST_VALUES`` values (a few
+        hundred bytes of nested aliases expand to gigabytes when walked)."""
+        sizes: dict[int, int] = {}
+
+        def expanded(each: yaml.Node) -> int:
+            known = sizes.get(id(each))
+            if known is None:
+                sizes[id(each)] = 1  # a node inside itself (a recursive alias) counts once
+                if isinstance(each, yaml.MappingNode):
+                    children = [part for pair in each.value for part in pair]
+                elif isinstance(each, yaml.SequenceNode):
+                    children = list(each.value)
+                else:
+                    children = []
+                known = sizes[id(each)] = 1 + sum(expanded(child) for child in children)
+            return known
+
+        total = expanded(node)
+        if total > _MOST_VALUES:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"aliases expand this file to {total:,} values; at most {_MOST_VALUES:,}",
+                node.start_mark,
+            )
+        return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
