@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +21,7 @@ EXIT_OK = 0
 EXIT_INPUT = 1
 EXIT_USAGE = 2
 EXIT_STORE = 3
+EXIT_INTERRUPTED = 130
 REPLAY_CONFLICT_RETRIES = 1_000
 """Conflicts in a row a replay retries (each after up to 0.5 s) before it gives up."""
 
@@ -66,16 +68,28 @@ async def open_ready_store(url: str, *, lock_wait: float | None = None) -> objec
 
 @contextlib.contextmanager
 def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
+    code = EXIT_INPUT if mode == "rb" else EXIT_USAGE
     if path == "-":
-        yield sys.stdin.buffer if mode == "rb" else sys.stdout.buffer
+        stream = sys.stdin if mode == "rb" else sys.stdout
+        if stream is None:
+            which = "standard input" if mode == "rb" else "standard output"
+            raise CommandFailed(f"cannot use -: {which} is closed", code)
+        yield stream.buffer
         return
     try:
         handle = open(path, mode)  # noqa: SIM115 - closed below
     except OSError as exc:
-        code = EXIT_INPUT if mode == "rb" else EXIT_USAGE
         raise CommandFailed(f"cannot open {path}: {exc.strerror}", code) from None
-    with handle:
+    try:
         yield handle  # type: ignore[misc]
+    finally:
+        try:
+            handle.close()
+        except OSError:
+            # flushing what a failed write left buffered fails the same way: the
+            # first error is the one to report
+            if sys.exc_info()[0] is None:
+                raise
 
 
 def _stat(path: str, stream: int) -> os.stat_result | None:
@@ -90,7 +104,7 @@ async def _replay(args: argparse.Namespace) -> int:
     from handlers.decide import Decider
     from stores.base import Store
     from streams.engine import Engine
-    from streams.replay import replay
+    from streams.replay import WriteFailed, replay
 
     # compared as files, not names: "-" and /dev/stdout, a symlinked folder, stdin
     # redirected from the output file
@@ -101,6 +115,20 @@ async def _replay(args: argparse.Namespace) -> int:
             if target is not None and os.path.samestat(source_file, target):
                 raise CommandFailed(
                     f"{option} {path} is the input file: it would be emptied before it is read",
+                    EXIT_USAGE,
+                )
+    store_file = _sqlite_file(args.store)
+    if store_file is not None:
+        for option, path in (("--output", args.output), ("--dead-letter", args.dead_letter)):
+            target = _stat(path, 1)
+            if target is not None and any(
+                os.path.samestat(target, found)
+                for found in (_stat(store_file + end, -1) for end in ("", "-wal", "-shm"))
+                if found is not None
+            ):
+                raise CommandFailed(
+                    f"{option} {path} is the store's file: writing there would destroy the"
+                    " saved state",
                     EXIT_USAGE,
                 )
     rules = _rules(args.rules)
@@ -117,30 +145,89 @@ async def _replay(args: argparse.Namespace) -> int:
             shared = letters is not None and os.path.samestat(os.fstat(verdicts.fileno()), letters)
             dead = verdicts if shared else files.enter_context(_open_binary(args.dead_letter, "wb"))
             size = os.fstat(source.fileno()).st_size if args.input != "-" else None
+            signals = _Signals()
             try:
-                summary = await replay(
-                    # a replay has no caller to retry it: it waits out contention on
-                    # shared buckets (other writers) rather than stopping half done
-                    Engine(Decider(rules), store, max_conflict_retries=REPLAY_CONFLICT_RETRIES),
-                    source,
-                    verdicts,
-                    dead,
-                    batch_size=args.batch_size,
-                    total_bytes=size or None,
-                )
+                with signals:
+                    summary = await replay(
+                        # a replay has no caller to retry it: it waits out contention on
+                        # shared buckets (other writers) rather than stopping half done
+                        Engine(Decider(rules), store, max_conflict_retries=REPLAY_CONFLICT_RETRIES),
+                        source,
+                        verdicts,
+                        dead,
+                        batch_size=args.batch_size,
+                        total_bytes=size or None,
+                        stop=signals.received,
+                    )
             except StoreError as exc:
                 raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
+            except WriteFailed as exc:
+                path = args.output if exc.output == "output" else args.dead_letter
+                if isinstance(exc.__cause__, BrokenPipeError) and path == "-":
+                    # the reader left: say so once, not again as Python exits
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                raise CommandFailed(f"cannot write {path}: {exc}", EXIT_INPUT) from None
             except OSError as exc:
                 raise CommandFailed(f"cannot read {args.input}: {exc}", EXIT_INPUT) from None
         finally:
             await store.close()
-    print(
+    _say(
         f"{summary.lines} events: {summary.accepted} accepted, {summary.rejected} rejected, "
         f"{summary.duplicates} duplicates, {summary.dead_letters} dead letters "
-        f"in {summary.seconds:.2f}s",
-        file=sys.stderr,
+        f"in {summary.seconds:.2f}s"
     )
+    if summary.interrupted:
+        _say(
+            f"limitflow: stopped by a signal after {summary.lines} events; they are decided"
+            " and written. Replay the same file on the same store to finish: events decided"
+            " before repeat their verdicts."
+        )
+        return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def _say(line: str) -> None:
+    """A line on stderr, when there is one."""
+    if sys.stderr is not None:
+        print(line, file=sys.stderr)
+
+
+class _Signals:
+    """SIGINT and SIGTERM during a replay: the first ends it after the batch in hand (the
+    outputs then hold exactly the lines decided); a second interrupts at once."""
+
+    def __init__(self) -> None:
+        self._got = False
+
+    def received(self) -> bool:
+        return self._got
+
+    def __enter__(self) -> _Signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._first, sig)
+        return self
+
+    def _first(self, sig: signal.Signals) -> None:
+        self._got = True
+        _say(f"limitflow: {sig.name}: finishing the batch in hand (again to stop at once)")
+        loop = asyncio.get_running_loop()
+        for each in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(each)  # the next one interrupts (KeyboardInterrupt)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+    def __exit__(self, *exc: object) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _sqlite_file(url: str) -> str | None:
+    """The database file of a ``sqlite:///PATH`` URL."""
+    if not url.startswith("sqlite:///"):
+        return None
+    return url[len("sqlite:///") :].split("?", 1)[0] or None
 
 
 def _rules_check(args: argparse.Namespace) -> int:

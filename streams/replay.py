@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
@@ -24,6 +25,8 @@ class ReplaySummary:
     accepted: int = 0
     rejected: int = 0
     seconds: float = 0.0
+    interrupted: bool = False
+    """Stopped by a signal after a whole batch: what is written is decided and stored."""
 
 
 _BOM: Final = b"\xef\xbb\xbf"
@@ -53,7 +56,7 @@ class _Progress:
     """A one-line progress display on stderr, only when stderr is a terminal."""
 
     def __init__(self, total_bytes: int | None) -> None:
-        self.enabled = sys.stderr.isatty()
+        self.enabled = sys.stderr is not None and sys.stderr.isatty()
         self.total = total_bytes
         self.last = 0.0
 
@@ -85,33 +88,62 @@ async def replay(
     *,
     batch_size: int = 2_000,
     total_bytes: int | None = None,
+    stop: Callable[[], bool] = lambda: False,
 ) -> ReplaySummary:
     """Decide every event of ``source``; each non-blank line goes to exactly one output.
 
     When both outputs are one stream (``--output - --dead-letter -``), it gets verdicts
-    and dead letters together in input order.
+    and dead letters together in input order. ``stop()`` is asked after each batch: when
+    true, the replay ends there (``summary.interrupted``), every line read so far decided
+    and written.
     """
     summary = ReplaySummary()
     progress = _Progress(total_bytes)
     started = time.perf_counter()
     for batch in read_batches(source, batch_size):
+        if stop():
+            summary.interrupted = True
+            break
         results = await engine.process(batch)
         if verdicts is dead_letters:
-            verdicts.write(
-                b"".join(_verdict_line(r, summary) + _dead_line(r, summary) for r in results)
+            _write(
+                verdicts,
+                b"".join(_verdict_line(r, summary) + _dead_line(r, summary) for r in results),
+                "output",
             )
         else:
-            verdicts.write(b"".join(_verdict_line(r, summary) for r in results))
-            dead_letters.write(b"".join(_dead_line(r, summary) for r in results))
+            _write(verdicts, b"".join(_verdict_line(r, summary) for r in results), "output")
+            _write(dead_letters, b"".join(_dead_line(r, summary) for r in results), "dead-letter")
         summary.lines += len(batch)
         summary.seconds = time.perf_counter() - started
         position = source.tell() if total_bytes else None
         progress.update(summary, position)
-    verdicts.flush()
-    dead_letters.flush()
+        await asyncio.sleep(0)  # let a signal's handler run between batches
+    _write(verdicts, b"", "output")
+    _write(dead_letters, b"", "dead-letter")
     summary.seconds = time.perf_counter() - started
     progress.update(summary, total_bytes, force=True)
     return summary
+
+
+class WriteFailed(Exception):
+    """An output could not be written (``output``: ``"output"`` or ``"dead-letter"``)."""
+
+    def __init__(self, output: str, exc: OSError) -> None:
+        super().__init__(exc.strerror or str(exc))
+        self.output = output
+
+
+def _write(stream: BinaryIO, data: bytes, output: str) -> None:
+    """Write ``data`` (and flush, when it is empty), as ``WriteFailed`` when that fails:
+    not to be taken for a failure to read the input."""
+    try:
+        if data:
+            stream.write(data)
+        else:
+            stream.flush()
+    except OSError as exc:
+        raise WriteFailed(output, exc) from exc
 
 
 def _verdict_line(result: Result, summary: ReplaySummary) -> bytes:

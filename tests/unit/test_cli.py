@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -675,3 +678,136 @@ def test_rules_check_fails_on_a_missing_file(tmp_path: Path) -> None:
     result = limitflow("rules", "check", "missing.yaml", cwd=tmp_path)
     assert result.returncode == 2
     assert one_line_reason(result).startswith("limitflow: rules: cannot read rules file")
+
+
+# -- found by an operator's review of replay ------------------------------------------
+
+
+def test_a_first_signal_ends_a_replay_after_its_batch_and_a_rerun_completes_it(
+    tmp_path: Path,
+) -> None:
+    # Ctrl-C reached the replay only when it had finished the whole file, which then
+    # exited 130 all the same
+    events = [
+        pay(f"e{n}", account=f"a{n % 50}", day=f"2026-01-{n % 28 + 1:02d}") for n in range(60_000)
+    ]
+    source = write(tmp_path / "events.jsonl", events)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    args = ["--rules", str(rules), "--input", str(source), "--batch-size", "200"]
+    store = ["--store", f"sqlite:///{tmp_path / 'state.db'}"]
+    out = tmp_path / "v1.jsonl"
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "limitflow", "replay", *args, *store),
+            *("--output", str(out), "--dead-letter", str(tmp_path / "d1.jsonl")),
+        ],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err.decode()
+    assert b"stopped by a signal after" in err and b"Traceback" not in err
+    first = out.read_bytes().splitlines()
+    assert 0 < len(first) < len(events)  # whole batches, decided and written
+
+    again = limitflow(
+        "replay", *args, *store, "--output", "v2.jsonl", "--dead-letter", "d2.jsonl", cwd=tmp_path
+    )
+    clean = limitflow(
+        "replay",
+        *args,
+        "--store",
+        "memory://",
+        "--output",
+        "v3.jsonl",
+        "--dead-letter",
+        "d3.jsonl",
+        cwd=tmp_path,
+    )
+    assert again.returncode == clean.returncode == 0
+    complete = (tmp_path / "v3.jsonl").read_bytes().splitlines()
+    assert (tmp_path / "v2.jsonl").read_bytes().splitlines() == complete
+    assert first == complete[: len(first)]
+
+
+def test_an_output_that_is_the_store_file_is_refused(tmp_path: Path) -> None:
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    args = ["replay", "--rules", str(rules), "--input", str(source)]
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    assert (
+        limitflow(
+            *args, "--store", store, "--output", "v", "--dead-letter", "d", cwd=tmp_path
+        ).returncode
+        == 0
+    )
+    before = (tmp_path / "state.db").read_bytes()
+    for option in ("--output", "--dead-letter"):
+        other = "--dead-letter" if option == "--output" else "--output"
+        result = limitflow(
+            *args, "--store", store, option, str(tmp_path / "state.db"), other, "x", cwd=tmp_path
+        )
+        assert result.returncode == 2
+        assert "is the store's file" in one_line_reason(result)
+    assert (tmp_path / "state.db").read_bytes() == before
+
+
+def test_a_failed_write_names_the_output_not_the_input(tmp_path: Path) -> None:
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    args = ["replay", "--rules", str(rules), "--input", str(source), "--store", "memory://"]
+    for option, other in (("--output", "--dead-letter"), ("--dead-letter", "--output")):
+        result = limitflow(*args, option, "/dev/full", other, "x", cwd=tmp_path)
+        assert result.returncode == 1
+        assert (
+            one_line_reason(result) == "limitflow: cannot write /dev/full: No space left on device"
+        )
+
+
+def test_a_damaged_sqlite_store_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    args = ["replay", "--rules", str(rules), "--input", str(source), "--output", "v"]
+    args += ["--dead-letter", "d", "--store", f"sqlite:///{tmp_path / 'state.db'}"]
+    assert limitflow(*args, cwd=tmp_path).returncode == 0
+    with open(tmp_path / "state.db", "r+b") as db:
+        db.seek(4096)
+        db.write(b"\xde\xad" * 20_000)
+    result = limitflow(*args, cwd=tmp_path)
+    assert result.returncode == 3
+    assert "damaged or not a database" in one_line_reason(result)
+
+
+def test_a_closed_standard_input_is_one_line(tmp_path: Path) -> None:
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules), "--input", "-"),
+            *("--output", "v", "--dead-letter", "d", "--store", "memory://"),
+        ],
+        cwd=tmp_path,
+        stdin=None,
+        capture_output=True,
+        timeout=60,
+        check=False,
+        preexec_fn=lambda: os.close(0),  # closes stdin, in the child only
+    )
+    assert result.returncode == 1
+    assert one_line_reason(result) == "limitflow: cannot use -: standard input is closed"
+
+
+def test_a_rules_file_of_nested_aliases_is_refused_at_once(tmp_path: Path) -> None:
+    # 331 bytes that expand to 9^7 values: walking them took seconds and gigabytes
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for level in range(1, 9):
+        name, before = "abcdefghi"[level], "abcdefghi"[level - 1]
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{before}"] * 9) + "]")
+    lines.append("rules:\n  - {id: a, window: day, max_count: 1, match: {channel: *i}}")
+    rules = write(tmp_path / "bomb.yaml", lines)
+    result = limitflow("rules", "check", str(rules), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "aliases expand this file to" in one_line_reason(result)
