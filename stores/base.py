@@ -34,7 +34,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
+import zstandard
+
 from handlers.state import Keys, Snapshot, Writes
+from limitflow.errors import StoreRejected
+
+_MALFORMED = (
+    KeyError,
+    TypeError,
+    ValueError,
+    AttributeError,
+    msgspec.DecodeError,
+    zstandard.ZstdError,
+)
+"""What decoding a record that does not have limitflow's format raises, on any store."""
 
 DAY = 86_400
 
@@ -86,7 +100,14 @@ class Store(abc.ABC):
         An expired record keeps its ``version`` and ``expires_at``: whatever replaces it
         is written on condition that it is still stored, unchanged.
         """
-        snapshot = await self._read(keys)
+        try:
+            snapshot = await self._read(keys)
+        except _MALFORMED as exc:
+            # a record written by hand, by another program, or damaged: no retry mends it
+            raise StoreRejected(
+                f"a stored record cannot be read ({type(exc).__name__}: {exc}); it was not"
+                " written by this version of limitflow, or it is damaged"
+            ) from exc
         now = int(self._clock())
         for key, bucket in snapshot.buckets.items():
             if bucket.expires_at is not None and bucket.expires_at <= now:
