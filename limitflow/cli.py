@@ -63,6 +63,8 @@ async def open_ready_store(url: str, *, lock_wait: float | None = None) -> objec
         ) from None
     except (StoreError, ConfigError) as exc:
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
+    except ValueError as exc:  # a driver's word on an endpoint it cannot use, at first use
+        raise CommandFailed(f"store: {url}: {exc}", EXIT_STORE) from None
     return store
 
 
@@ -290,6 +292,8 @@ async def _store_init(args: argparse.Namespace) -> int:
             await store.close()
     except LimitflowError as exc:
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
+    except ValueError as exc:  # a driver's word on an endpoint it cannot use
+        raise CommandFailed(f"store: {args.store}: {exc}", EXIT_STORE) from None
     print(f"{args.store}: ready")
     return EXIT_OK
 

@@ -51,6 +51,13 @@ def open_store(
     # MongoDB URIs may separate options with ";" too: read them all as the driver does
     query = parse_qs(parts.query.replace(";", "&"))
     retention = _retention(query)
+    if parts.scheme in ("memory", "sqlite") and query:
+        # the server stores refuse options they do not know; so do these: a misspelt
+        # retention must not silently keep the default
+        raise ConfigError(
+            f"{url}: unknown option {', '.join(sorted(query))}"
+            " (bucket_retention_days and event_retention_days are known)"
+        )
     if parts.scheme == "memory":
         from stores.memory import MemoryStore
 
@@ -65,12 +72,15 @@ def open_store(
         return SqliteStore(
             path, retention, clock=clock, lock_wait=LOCK_WAIT if lock_wait is None else lock_wait
         )
-    if parts.scheme in ("mongodb", "mongodb+srv"):
-        from stores.mongo import MongoStore
+    try:
+        if parts.scheme in ("mongodb", "mongodb+srv"):
+            from stores.mongo import MongoStore
 
-        return MongoStore.from_url(url, retention, clock)
-    if parts.scheme == "dynamodb":
-        from stores.dynamo import DynamoStore
+            return MongoStore.from_url(url, retention, clock)
+        if parts.scheme == "dynamodb":
+            from stores.dynamo import DynamoStore
 
-        return DynamoStore.from_url(url, retention, clock)
+            return DynamoStore.from_url(url, retention, clock)
+    except ValueError as exc:  # the drivers' word on a port or host they cannot use
+        raise ConfigError(f"{url}: {exc}") from None
     raise ConfigError(f"{url}: unknown store; use one of {', '.join(s + '://' for s in SCHEMES)}")
