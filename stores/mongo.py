@@ -86,12 +86,14 @@ _ILLEGAL_OPERATION: Final = 20
 _DUPLICATE_KEY = 11000
 _NOT_INITIALIZED_CODES = frozenset({26})  # NamespaceNotFound
 _UNAVAILABLE_CODES = frozenset(
-    {6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 50, 202}
+    {6, 7, 64, 89, 91, 189, 262, 9001, 10107, 11600, 11601, 11602, 13435, 13436, 50, 202}
 )
-"""HostUnreachable, HostNotFound, NetworkTimeout, ShutdownInProgress, PrimarySteppedDown,
-ExceededTimeLimit, SocketException, NotWritablePrimary, InterruptedAtShutdown,
-InterruptedDueToReplStateChange, NotPrimaryNoSecondaryOk, NotPrimaryOrSecondary,
-MaxTimeMSExpired, NetworkInterfaceExceededTimeLimit."""
+"""HostUnreachable, HostNotFound, WriteConcernFailed, NetworkTimeout, ShutdownInProgress,
+PrimarySteppedDown, ExceededTimeLimit, SocketException, NotWritablePrimary,
+InterruptedAtShutdown, Interrupted, InterruptedDueToReplStateChange,
+NotPrimaryNoSecondaryOk, NotPrimaryOrSecondary, MaxTimeMSExpired,
+NetworkInterfaceExceededTimeLimit. (A commit retried after one of them is safe: it is
+conditional, so if the first did land, the retry conflicts and the batch is re-read.)"""
 
 
 class MongoStore(Store):
@@ -364,7 +366,9 @@ def _expiry(expires_at: int | None) -> Document:
     """
     if expires_at is None:
         return {"expires_at": {"$exists": False}}
-    return {"expires_at": _date(expires_at)}
+    # the second read: a date stored with milliseconds (set by hand, or by another
+    # program) reads as its whole second, and must still match, or no write ever would
+    return {"expires_at": {"$gte": _date(expires_at), "$lt": _date(expires_at + 1)}}
 
 
 def _int64(value: int, what: str) -> int:
@@ -471,11 +475,17 @@ def _translate(exc: PyMongoError) -> StoreError:
             return ConflictError("a record was created since it was read")
         if codes & _CONFLICT_CODES or exc.has_error_label("TransientTransactionError"):
             return ConflictError(f"MongoDB write conflict: {exc}")
-        if exc.details.get("writeConcernErrors"):
-            return StoreUnavailable(f"MongoDB write concern failed: {exc}")
+        if (
+            exc.details.get("writeConcernErrors")
+            or codes & _UNAVAILABLE_CODES
+            or exc.has_error_label("RetryableWriteError")
+        ):
+            return StoreUnavailable(f"MongoDB unavailable: {exc}")
         return StoreRejected(f"MongoDB refused the write: {errors[:1]}")
     if exc.has_error_label("TransientTransactionError"):
         return ConflictError(f"MongoDB transaction aborted, retry: {exc}")
+    if exc.has_error_label("RetryableWriteError"):  # the server's own word
+        return StoreUnavailable(f"MongoDB unavailable: {exc}")
     if isinstance(exc, OperationFailure):
         if exc.code in _CONFLICT_CODES or (exc.code is None and _is_conflict_text(exc)):
             return ConflictError(f"MongoDB write conflict: {exc}")

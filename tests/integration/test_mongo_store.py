@@ -154,6 +154,19 @@ def test_a_server_without_transactions_is_refused_with_what_to_do() -> None:
     assert "replica set" in str(refused) and "rs.initiate()" in str(refused)
 
 
+def test_transient_server_errors_are_retriable_however_they_arrive() -> None:
+    # mongoeco cannot be made to send these: checked on the driver's own error types
+    from pymongo.errors import BulkWriteError
+
+    for code in (91, 11601, 11602):
+        assert _translate(OperationFailure("transient", code=code)).retriable, code
+        bulk = BulkWriteError({"writeErrors": [{"index": 0, "code": code, "errmsg": "x"}]})
+        assert _translate(bulk).retriable, code
+    labelled = OperationFailure("x", code=1, details={"errorLabels": ["RetryableWriteError"]})
+    assert _translate(labelled).retriable
+    assert not _translate(OperationFailure("bad value", code=2)).retriable
+
+
 def test_url_errors_are_config_errors_without_the_password() -> None:
     with pytest.raises(ConfigError) as caught:
         split_url("mongodb://user:secret@h:1/a.b")
@@ -235,6 +248,29 @@ async def test_records_round_trip(store: MongoStore) -> None:
     snapshot.buckets["b-day"].count = 99
     again = await store.load(Keys(buckets={"b-day"}))
     assert again.buckets["b-day"].count == 2
+
+
+@pytest.mark.integration
+async def test_a_bucket_whose_expiry_has_milliseconds_can_still_be_written(
+    store: MongoStore, store_url: str
+) -> None:
+    # an operator extends a bucket's life from mongosh (new Date(...) keeps ms): the read
+    # gave the whole second, the commit filtered on it, and every later commit conflicted
+    from datetime import UTC, datetime
+
+    await store.commit(Writes(buckets={"b": Bucket(count=1, version=1, period_end=4_000_000_000)}))
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(store_url)
+    try:
+        stamp = datetime(2099, 1, 1, 0, 0, 0, 250_000, tzinfo=UTC)
+        await client.get_default_database().buckets.update_one(
+            {"_id": "b"}, {"$set": {"expires_at": stamp}}
+        )
+    finally:
+        await client.close()
+    read = (await store.load(Keys(buckets={"b"}))).buckets["b"]
+    read.count, read.version = 2, read.version + 1
+    await store.commit(Writes(buckets={"b": read}))
+    assert (await store.load(Keys(buckets={"b"}))).buckets["b"].count == 2
 
 
 @pytest.mark.integration

@@ -811,3 +811,45 @@ def test_a_rules_file_of_nested_aliases_is_refused_at_once(tmp_path: Path) -> No
     result = limitflow("rules", "check", str(rules), cwd=tmp_path)
     assert result.returncode == 2
     assert "aliases expand this file to" in one_line_reason(result)
+
+
+def test_a_stored_record_limitflow_did_not_write_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    # found by a review of the stores: a ValueError traceback (sqlite), AttributeError
+    # (MongoDB), KeyError (DynamoDB) for a record with another format
+    import sqlite3
+
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    args = ["replay", "--rules", str(rules), "--input", str(source), "--output", "v"]
+    args += ["--dead-letter", "d", "--store", f"sqlite:///{tmp_path / 'state.db'}"]
+    assert limitflow(*args, cwd=tmp_path).returncode == 0
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute("UPDATE events SET type = 'refund'")
+    db.commit()
+    db.close()
+    result = limitflow(*args, cwd=tmp_path)
+    assert result.returncode == 3
+    assert "a stored record cannot be read" in one_line_reason(result)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///state.db?event_retention_dayz=1",
+        "memory://?bucket_retention=3",
+        "dynamodb://x?endpoint_url=127.0.0.1:8000",
+        "dynamodb://x?endpoint_url=http://127.0.0.1:99999",
+        "mongodb://127.0.0.1:99999/x",
+    ],
+)
+def test_a_store_url_the_store_cannot_use_is_one_line_and_exit_3(tmp_path: Path, url: str) -> None:
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    result = limitflow(
+        *("replay", "--rules", str(rules), "--input", str(source), "--output", "v"),
+        *("--dead-letter", "d", "--store", url),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 3, result.stderr.decode()
+    assert one_line_reason(result).startswith("limitflow: store: ")
+    assert not (tmp_path / "state.db").exists()
