@@ -235,7 +235,8 @@ class AtLeastOnceOutput(Output):
         todo = [tp for tp in batch if tp not in done]
         with kafka_errors_translated():
             await send_all(self.producer, [m for tp in todo for m in batch[tp]])
-            # the same offsets committed again after a timeout change nothing
+            # a commit that timed out may still land later, even after a later commit:
+            # the offset then moves back, which only redelivers (the same verdicts)
             await asyncio.wait_for(
                 self.consumer.commit({tp: offsets[tp] for tp in todo}), self.timeout
             )
