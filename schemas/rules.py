@@ -126,9 +126,9 @@ class _Unclear:
         return f"{self.text} would be read as {self.reading}: {self.advice} (line {self.line})"
 
 
-_MOST_VALUES: Final = 1_000_000
-"""Most values (keys, scalars, lists, mappings) a rules file may expand to through its
-aliases: a thousand rules of ordinary size hold far fewer."""
+_MOST_VALUES: Final = 10_000_000
+"""Most values (keys, scalars, lists, mappings) aliases may add to a rules file, beyond
+those written in it: sharing a large match list among rules adds far fewer."""
 
 
 class _RulesLoader(yaml.SafeLoader):
@@ -144,8 +144,8 @@ class _RulesLoader(yaml.SafeLoader):
     """
 
     def construct_document(self, node: yaml.Node) -> Any:
-        """Refuse a document that aliases expand past ``_MOST_VALUES`` values (a few
-        hundred bytes of nested aliases expand to gigabytes when walked)."""
+        """Refuse a document whose aliases repeat more than ``_MOST_VALUES`` values (a
+        few hundred bytes of nested aliases expand to gigabytes when walked)."""
         sizes: dict[int, int] = {}
 
         def expanded(each: yaml.Node) -> int:
@@ -161,12 +161,12 @@ class _RulesLoader(yaml.SafeLoader):
                 known = sizes[id(each)] = 1 + sum(expanded(child) for child in children)
             return known
 
-        total = expanded(node)
-        if total > _MOST_VALUES:
+        repeated = expanded(node) - len(sizes)  # values there only through aliases
+        if repeated > _MOST_VALUES:
             raise yaml.constructor.ConstructorError(
                 None,
                 None,
-                f"aliases expand this file to {total:,} values; at most {_MOST_VALUES:,}",
+                f"aliases repeat {repeated:,} values in this file; at most {_MOST_VALUES:,}",
                 node.start_mark,
             )
         return super().construct_document(node)

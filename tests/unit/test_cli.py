@@ -810,7 +810,24 @@ def test_a_rules_file_of_nested_aliases_is_refused_at_once(tmp_path: Path) -> No
     rules = write(tmp_path / "bomb.yaml", lines)
     result = limitflow("rules", "check", str(rules), cwd=tmp_path)
     assert result.returncode == 2
-    assert "aliases expand this file to" in one_line_reason(result)
+    assert "aliases repeat" in one_line_reason(result)
+
+
+def test_rules_sharing_a_large_match_list_through_an_anchor_are_taken(tmp_path: Path) -> None:
+    # the alias limit counts what aliases repeat, not what the file holds
+    merchants = ", ".join(f"m{n}" for n in range(50_001))
+    lines = [
+        "rules:",
+        "  - {id: r0, window: day, max_count: 1,"
+        f" match: {{merchant_id: &blocked [{merchants}]}}}}",
+    ]
+    lines += [
+        f"  - {{id: r{n}, window: day, max_count: 1, match: {{merchant_id: *blocked}}}}"
+        for n in range(1, 20)
+    ]
+    rules = write(tmp_path / "shared.yaml", lines)
+    result = limitflow("rules", "check", str(rules), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr.decode()
 
 
 def test_a_stored_record_limitflow_did_not_write_is_one_line_and_exit_3(tmp_path: Path) -> None:
