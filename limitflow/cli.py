@@ -10,7 +10,7 @@ import signal
 import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from limitflow.errors import ConfigError, LimitflowError, StoreError, StoreNotInitialized
 from schemas.rules import RulesError, RuleSet, load_rules
@@ -159,7 +159,7 @@ async def _replay(args: argparse.Namespace) -> int:
                         dead,
                         batch_size=args.batch_size,
                         total_bytes=size or None,
-                        stop=signals.received,
+                        stop=signals.stop,
                     )
             except StoreError as exc:
                 raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
@@ -195,34 +195,39 @@ def _say(line: str) -> None:
 
 
 class _Signals:
-    """SIGINT and SIGTERM during a replay: the first ends it after the batch in hand (the
-    outputs then hold exactly the lines decided); a second interrupts at once."""
+    """SIGINT and SIGTERM during a replay. The first ends it after the batch in hand (the
+    outputs then hold exactly the lines decided; a read waiting on a pipe is cut short);
+    a second stops at once (``KeyboardInterrupt``: exit 130, nothing is half stored).
+
+    Python-level handlers, not the event loop's: the reads and writes block the loop's
+    thread, where only such a handler can interrupt them."""
 
     def __init__(self) -> None:
-        self._got = False
+        from streams.replay import Interruption
 
-    def received(self) -> bool:
-        return self._got
+        self.stop = Interruption()
+        self._before: dict[int, Any] = {}
 
     def __enter__(self) -> _Signals:
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._first, sig)
+            self._before[sig] = signal.signal(sig, self._handle)
         return self
 
-    def _first(self, sig: signal.Signals) -> None:
-        self._got = True
-        _say(f"limitflow: {sig.name}: finishing the batch in hand (again to stop at once)")
-        loop = asyncio.get_running_loop()
-        for each in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(each)  # the next one interrupts (KeyboardInterrupt)
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    def _handle(self, signum: int, _frame: object) -> None:
+        from streams.replay import Interrupted
+
+        name = signal.Signals(signum).name
+        if self.stop.requested:
+            _say(f"limitflow: {name}: stopping now")
+            raise KeyboardInterrupt
+        self.stop.requested = True
+        _say(f"limitflow: {name}: finishing the batch in hand (again to stop at once)")
+        if self.stop.reading:
+            raise Interrupted
 
     def __exit__(self, *exc: object) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig, before in self._before.items():
+            signal.signal(sig, before)
 
 
 def _sqlite_file(url: str) -> str | None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
@@ -88,42 +87,73 @@ async def replay(
     *,
     batch_size: int = 2_000,
     total_bytes: int | None = None,
-    stop: Callable[[], bool] = lambda: False,
+    stop: Interruption | None = None,
 ) -> ReplaySummary:
     """Decide every event of ``source``; each non-blank line goes to exactly one output.
 
     When both outputs are one stream (``--output - --dead-letter -``), it gets verdicts
-    and dead letters together in input order. ``stop()`` is asked after each batch: when
-    true, the replay ends there (``summary.interrupted``), every line read so far decided
-    and written.
+    and dead letters together in input order. ``stop`` is told while a batch is being
+    decided and written, and asked after each: once ``stop.requested``, the replay ends
+    there (``summary.interrupted``), with every line before it decided and written.
     """
     summary = ReplaySummary()
     progress = _Progress(total_bytes)
+    stop = stop or Interruption()
     started = time.perf_counter()
-    for batch in read_batches(source, batch_size):
-        if stop():
-            summary.interrupted = True
-            break
-        results = await engine.process(batch)
-        if verdicts is dead_letters:
-            _write(
-                verdicts,
-                b"".join(_verdict_line(r, summary) + _dead_line(r, summary) for r in results),
-                "output",
-            )
-        else:
-            _write(verdicts, b"".join(_verdict_line(r, summary) for r in results), "output")
-            _write(dead_letters, b"".join(_dead_line(r, summary) for r in results), "dead-letter")
-        summary.lines += len(batch)
-        summary.seconds = time.perf_counter() - started
-        position = source.tell() if total_bytes else None
-        progress.update(summary, position)
-        await asyncio.sleep(0)  # let a signal's handler run between batches
+    batches = read_batches(source, batch_size)
+    try:
+        while True:
+            stop.reading = True
+            if stop.requested:
+                break
+            batch = next(batches, None)  # may wait on a pipe: a signal ends the wait
+            stop.reading = False
+            if batch is None:
+                break
+            stop.deciding = True
+            results = await engine.process(batch)
+            if verdicts is dead_letters:
+                _write(
+                    verdicts,
+                    b"".join(_verdict_line(r, summary) + _dead_line(r, summary) for r in results),
+                    "output",
+                )
+            else:
+                _write(verdicts, b"".join(_verdict_line(r, summary) for r in results), "output")
+                _write(
+                    dead_letters, b"".join(_dead_line(r, summary) for r in results), "dead-letter"
+                )
+            summary.lines += len(batch)
+            summary.seconds = time.perf_counter() - started
+            stop.deciding = False
+            position = source.tell() if total_bytes else None
+            progress.update(summary, position)
+    except Interrupted:  # only ever raised while reading: what was read is not decided
+        pass
+    summary.interrupted = stop.requested
     _write(verdicts, b"", "output")
     _write(dead_letters, b"", "dead-letter")
     summary.seconds = time.perf_counter() - started
     progress.update(summary, total_bytes, force=True)
     return summary
+
+
+class Interruption:
+    """A stop asked of a replay (by a signal handler): ``requested`` once asked;
+    ``deciding`` while a batch is being decided and written, which a stop lets finish;
+    ``reading`` while the next batch is read, which a stop may cut short by raising
+    ``Interrupted`` (a read from a pipe can wait for ever)."""
+
+    __slots__ = ("deciding", "reading", "requested")
+
+    def __init__(self) -> None:
+        self.deciding = False
+        self.reading = False
+        self.requested = False
+
+
+class Interrupted(Exception):
+    """Raised by a signal handler into a replay's read of its input."""
 
 
 class WriteFailed(Exception):

@@ -870,3 +870,34 @@ def test_a_store_url_the_store_cannot_use_is_one_line_and_exit_3(tmp_path: Path,
     assert result.returncode == 3, result.stderr.decode()
     assert one_line_reason(result).startswith("limitflow: store: ")
     assert not (tmp_path / "state.db").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_replay_waiting_on_its_input_stops_on_a_signal(tmp_path: Path, sig: int) -> None:
+    # the event loop's handlers never ran while the read blocked its thread: only kill -9
+    # stopped a replay fed by a quiet pipe
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules), "--input", "-"),
+            *("--output", "v", "--dead-letter", "d", "--store", f"sqlite:///{tmp_path / 's.db'}"),
+        ],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,  # kept open, and nothing comes
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write((pay("p1") + "\n").encode())
+    proc.stdin.flush()
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "s.db").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1)
+    proc.send_signal(sig)
+    try:
+        code = proc.wait(15)  # the input pipe still open
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert code == 130, err.decode()
+    assert b"Traceback" not in err
