@@ -384,6 +384,7 @@ class Decider:
                 currency=event.currency,
                 buckets=keys,
                 occurred=event.epoch,
+                born=None if keys else (),  # the commit records which life of each bucket
             ),
         )
         return Outcome(OutcomeKind.VERDICT, encoded, decision, reason)
@@ -436,13 +437,19 @@ class Decider:
             original.reversed += amount
             fully = original.reversed >= original.amount
             state.touch_event(event.original_event_id)
-            for key in original.buckets:
+            born = original.born or ()
+            for index, key in enumerate(original.buckets):
                 held = state.bucket(key)
-                if held is None or (held.count == 0 and held.amount == 0):
-                    # its period expired (reads as empty) or nothing is left: nothing to
-                    # release, and no bucket to write (it would carry no period end and
-                    # never expire)
+                if held is None:
                     released = self._released_state(key, 0, 0)
+                elif (held.count == 0 and held.amount == 0) or (
+                    index < len(born) and born[index] and held.born != born[index]
+                ):
+                    # its period expired (reads as empty), nothing is left, or the bucket
+                    # expired and started again without this payment (a late payment
+                    # of the period): nothing of it to release, and no bucket to write
+                    # (an empty one would carry no period end and never expire)
+                    released = self._released_state(key, held.count, held.amount)
                 else:
                     bucket = state.bucket_for_update(key, None)
                     # never let a release go below zero

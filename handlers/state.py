@@ -26,10 +26,17 @@ class Bucket:
     expires_at: int | None = None
     """Epoch s after which the store treats the record as absent. Until a commit sets the
     new one, the stored record's as read, even if past: the commit is conditioned on it."""
+    born: int = 0
+    """Which life of the bucket this is: the writer's clock (epoch s) at the commit that
+    created it, or created it again once the last one had expired. 0 until that commit,
+    and for a bucket stored before limitflow kept it. A reversal releases a payment only
+    from the life of the bucket that the payment was added to."""
 
     def copy(self) -> Bucket:
         """An independent copy (cheaper than ``dataclasses.replace``)."""
-        return Bucket(self.count, self.amount, self.version, self.period_end, self.expires_at)
+        return Bucket(
+            self.count, self.amount, self.version, self.period_end, self.expires_at, self.born
+        )
 
 
 @dataclass(slots=True)
@@ -67,6 +74,10 @@ class EventRecord:
     version: int = 0
     expires_at: int | None = None
     """As for ``Bucket.expires_at``."""
+    born: tuple[int, ...] | None = ()
+    """``Bucket.born`` of each of ``buckets`` when the payment was added to it (0 or
+    missing: not known, for a record stored before limitflow kept it). None until the
+    commit that stores the record fills it in."""
 
     def copy(self) -> EventRecord:
         """An independent copy (``buckets`` is a tuple, so sharing it is safe)."""
@@ -84,6 +95,7 @@ class EventRecord:
             self.occurred,
             self.version,
             self.expires_at,
+            self.born,
         )
 
 

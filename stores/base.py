@@ -25,6 +25,13 @@ move forward while a record lives). A write conditioned on the version and expir
 therefore never matches a later incarnation, provided writers' clocks differ from each
 other and from the TTL's by less than the retention, and the retention is not
 shortened meanwhile.
+
+For the same reason a bucket's life is recorded: ``commit`` stamps a bucket written for
+the first time, or again after it expired, with its writer's clock (``Bucket.born``),
+and a new payment's record with the stamp of each bucket it was added to. A reversal
+releases the payment only from a bucket still in that life: one that expired and began
+again with late payments of its period never held it. A new life's stamp is later than
+the last one's by at least the retention, under the same condition on the clocks.
 """
 
 from __future__ import annotations
@@ -77,6 +84,11 @@ class Expected:
 
     buckets: dict[str, int | None]
     events: dict[str, int | None]
+
+
+def _born(writes: Writes, key: str) -> int:
+    bucket = writes.buckets.get(key)
+    return 0 if bucket is None else bucket.born
 
 
 class Store(abc.ABC):
@@ -143,10 +155,14 @@ class Store(abc.ABC):
                 if bucket.period_end is None
                 else min(max(bucket.period_end, now) + self.retention.bucket_seconds, LATEST_EXPIRY)
             )
+            if not bucket.born:  # a new life: new, expired when read, or stored before
+                bucket.born = now
         for record in writes.events.values():
             record.expires_at = min(
                 max(record.occurred, now) + self.retention.event_seconds, LATEST_EXPIRY
             )
+            if record.born is None:  # a new payment: its buckets are in this commit
+                record.born = tuple(_born(writes, key) for key in record.buckets)
         await self._write(writes, expected)
 
     async def init(self) -> None:

@@ -91,6 +91,7 @@ def _bucket_item(key: str, bucket: Bucket) -> Item:
         "version": _n(bucket.version),
         "count": _n(bucket.count),
         "amount": _n(bucket.amount),
+        "born": _n(bucket.born),
     }
     if bucket.period_end is not None:
         item["period_end"] = _n(bucket.period_end)
@@ -117,6 +118,7 @@ def _event_item(key: str, record: EventRecord) -> Item:
         "reversed": _n(record.reversed),
         "buckets": {"L": [{"S": b} for b in record.buckets]},
         "occurred": _n(record.occurred),
+        "born": {"L": [_n(b) for b in record.born or ()]},
     }
     if record.currency is not None:
         item["currency"] = {"S": record.currency}
@@ -142,6 +144,7 @@ def _add_item(snapshot: Snapshot, item: Mapping[str, Mapping[str, Any]]) -> None
             version=version,
             period_end=_opt_int(item, "period_end"),
             expires_at=_opt_int(item, "expires_at"),
+            born=_opt_int(item, "born") or 0,
         )
     elif kind == ACCOUNT:
         snapshot.accounts[key] = Account(seq=int(item["seq"]["N"]), version=version)
@@ -161,6 +164,7 @@ def _add_item(snapshot: Snapshot, item: Mapping[str, Mapping[str, Any]]) -> None
             occurred=int(item["occurred"]["N"]),
             version=version,
             expires_at=_opt_int(item, "expires_at"),
+            born=tuple(int(b["N"]) for b in item.get("born", {}).get("L", ())),
         )
     else:
         raise StoreRejected(f"unexpected item {pk!r} in the limitflow table")

@@ -116,8 +116,8 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 _NONE = -(2**63)
 """None in a packed integer field (every real value is larger)."""
-_BUCKET = struct.Struct("<5q")
-"""count, amount, version, period_end, expires_at"""
+_BUCKET = struct.Struct("<6q")
+"""count, amount, version, period_end, expires_at, born"""
 _HEADER = struct.Struct("<2q")
 """version, expires_at: the start of a packed event record"""
 
@@ -129,17 +129,19 @@ def _pack_bucket(b: Bucket) -> bytes:
         b.version,
         _NONE if b.period_end is None else b.period_end,
         _NONE if b.expires_at is None else b.expires_at,
+        b.born,
     )
 
 
 def _unpack_bucket(packed: bytes) -> Bucket:
-    count, amount, version, period_end, expires_at = _BUCKET.unpack(packed)
+    count, amount, version, period_end, expires_at, born = _BUCKET.unpack(packed)
     return Bucket(
         count,
         amount,
         version,
         None if period_end == _NONE else period_end,
         None if expires_at == _NONE else expires_at,
+        born,
     )
 
 
@@ -162,7 +164,7 @@ class Codec:
 
     def pack(self, r: EventRecord) -> bytes:
         fields = (r.fingerprint, r.account_id, r.type, r.accepted, r.seq, r.verdict, r.amount)
-        doc = _encode((*fields, r.currency, r.reversed, r.buckets, r.occurred))
+        doc = _encode((*fields, r.currency, r.reversed, r.buckets, r.occurred, r.born or ()))
         expires_at = _NONE if r.expires_at is None else r.expires_at
         # zstd returns its worst-case-sized output buffer, shrunk only in its length
         # field (~1.3 KiB of heap per ~120-byte record); the join copies just the bytes
@@ -176,6 +178,7 @@ class Codec:
             occurred=f[10],
             version=version,
             expires_at=expires_at,
+            born=tuple(f[11]),
         )
 
 

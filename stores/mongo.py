@@ -391,6 +391,7 @@ def _bucket_doc(bucket: Bucket) -> Document:
     doc: Document = {
         "count": _int64(bucket.count, "bucket count"),
         "amount": _int64(bucket.amount, "bucket amount"),
+        "born": bucket.born,
     }
     if bucket.period_end is not None:
         doc["period_end"] = bucket.period_end
@@ -408,6 +409,7 @@ def _bucket(doc: Mapping[str, Any]) -> Bucket:
         version=int(doc["version"]),
         period_end=None if period_end is None else int(period_end),
         expires_at=None if expires_at is None else _epoch(expires_at),
+        born=int(doc.get("born", 0)),
     )
 
 
@@ -428,6 +430,7 @@ def _event_doc(record: EventRecord) -> Document:
         "reversed": _int64(record.reversed, "reversed amount"),
         "buckets": list(record.buckets),
         "occurred": _int64(record.occurred, "event time"),
+        "born": list(record.born or ()),
     }
     if record.expires_at is not None:
         doc["expires_at"] = _date(record.expires_at)
@@ -450,6 +453,7 @@ def _event(doc: Mapping[str, Any]) -> EventRecord:
         occurred=int(doc["occurred"]),
         version=int(doc["version"]),
         expires_at=None if expires_at is None else _epoch(expires_at),
+        born=tuple(int(b) for b in doc.get("born", ())),
     )
 
 

@@ -46,7 +46,7 @@ from stores.verdict_codec import pack_verdict, unpack_verdict
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
     key TEXT PRIMARY KEY, count INTEGER NOT NULL, amount INTEGER NOT NULL,
-    version INTEGER NOT NULL, period_end INTEGER, expires_at INTEGER
+    version INTEGER NOT NULL, period_end INTEGER, expires_at INTEGER, born INTEGER
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS accounts (
     id TEXT PRIMARY KEY, seq INTEGER NOT NULL, version INTEGER NOT NULL
@@ -56,12 +56,16 @@ CREATE TABLE IF NOT EXISTS events (
     type TEXT NOT NULL, accepted INTEGER NOT NULL, seq INTEGER NOT NULL,
     verdict BLOB NOT NULL, amount INTEGER NOT NULL, currency TEXT,
     reversed INTEGER NOT NULL, buckets TEXT NOT NULL, occurred INTEGER NOT NULL,
-    version INTEGER NOT NULL, expires_at INTEGER
+    version INTEGER NOT NULL, expires_at INTEGER, born TEXT
 );
 """
+_ADDED_COLUMNS: Final = (("buckets", "born INTEGER"), ("events", "born TEXT"))
+"""Columns added since the first schema: ``init`` adds them to a file made before (its
+rows read them as NULL: a bucket's life and a record's list not known)."""
 _CHUNK = 500
 _keys_encoder: Final = msgspec.json.Encoder()
 _decode_keys: Final = msgspec.json.Decoder(list[str]).decode
+_decode_born: Final = msgspec.json.Decoder(list[int]).decode
 
 
 def _encode_keys(keys: tuple[str, ...]) -> str:
@@ -115,6 +119,15 @@ class SqliteStore(Store):
     async def _create(self) -> None:
         try:
             self._db.executescript(_SCHEMA)
+            for table, column in _ADDED_COLUMNS:
+                have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+                if column.split()[0] not in have:
+                    try:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+                    except sqlite3.OperationalError as exc:
+                        # another process opening the file added it first
+                        if "duplicate column" not in str(exc):
+                            raise
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
 
@@ -138,12 +151,14 @@ class SqliteStore(Store):
             for chunk in _chunks(keys.buckets):
                 self.round_trips += 1
                 marks = ",".join("?" * len(chunk))
-                for key, count, amount, version, period_end, expires_at in db.execute(
-                    f"SELECT key, count, amount, version, period_end, expires_at "  # noqa: S608
-                    f"FROM buckets WHERE key IN ({marks})",
+                for key, count, amount, version, period_end, expires_at, born in db.execute(
+                    "SELECT key, count, amount, version, period_end, expires_at, born"  # noqa: S608
+                    f" FROM buckets WHERE key IN ({marks})",
                     chunk,
                 ):
-                    snapshot.buckets[key] = Bucket(count, amount, version, period_end, expires_at)
+                    snapshot.buckets[key] = Bucket(
+                        count, amount, version, period_end, expires_at, born or 0
+                    )
             for chunk in _chunks(keys.accounts):
                 self.round_trips += 1
                 marks = ",".join("?" * len(chunk))
@@ -157,7 +172,7 @@ class SqliteStore(Store):
                 marks = ",".join("?" * len(chunk))
                 for row in db.execute(
                     "SELECT id, fingerprint, account_id, type, accepted, seq, verdict, amount,"  # noqa: S608
-                    " currency, reversed, buckets, occurred, version, expires_at"
+                    " currency, reversed, buckets, occurred, version, expires_at, born"
                     f" FROM events WHERE id IN ({marks})",
                     chunk,
                 ):
@@ -175,6 +190,7 @@ class SqliteStore(Store):
                         occurred=row[11],
                         version=row[12],
                         expires_at=row[13],
+                        born=() if row[14] is None else tuple(_decode_born(row[14])),
                     )
         except sqlite3.Error as exc:  # also a damaged file (DatabaseError)
             raise _translate(exc) from exc
@@ -193,12 +209,13 @@ class SqliteStore(Store):
             fresh_b = [(k, b) for k, b in writes.buckets.items() if b.version == 1]
             old_b = [(k, b) for k, b in writes.buckets.items() if b.version > 1]
             db.executemany(
-                "INSERT INTO buckets VALUES (?, ?, ?, ?, ?, ?)",
-                [(k, b.count, b.amount, 1, b.period_end, b.expires_at) for k, b in fresh_b],
+                "INSERT INTO buckets (key, count, amount, version, period_end, expires_at,"
+                " born) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(k, b.count, b.amount, 1, b.period_end, b.expires_at, b.born) for k, b in fresh_b],
             )
             db.executemany(
-                "UPDATE buckets SET count=?, amount=?, version=?, period_end=?, expires_at=?"
-                " WHERE key=? AND version=? AND expires_at IS ?",
+                "UPDATE buckets SET count=?, amount=?, version=?, period_end=?, expires_at=?,"
+                " born=? WHERE key=? AND version=? AND expires_at IS ?",
                 [
                     (
                         b.count,
@@ -206,6 +223,7 @@ class SqliteStore(Store):
                         b.version,
                         b.period_end,
                         b.expires_at,
+                        b.born,
                         k,
                         b.version - 1,
                         expected.buckets[k],
@@ -239,6 +257,7 @@ class SqliteStore(Store):
                     r.occurred,
                     r.version,
                     r.expires_at,
+                    _keys_encoder.encode(r.born).decode() if r.born else None,
                     k,
                 )
                 for k, r in writes.events.items()
@@ -246,15 +265,15 @@ class SqliteStore(Store):
             fresh_e = [row for row in rows if row[11] == 1]
             db.executemany(
                 "INSERT INTO events (fingerprint, account_id, type, accepted, seq, verdict,"
-                " amount, currency, reversed, buckets, occurred, version, expires_at, id)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " amount, currency, reversed, buckets, occurred, version, expires_at, born,"
+                " id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 fresh_e,
             )
             db.executemany(
                 "UPDATE events SET fingerprint=?, account_id=?, type=?, accepted=?, seq=?,"
                 " verdict=?, amount=?, currency=?, reversed=?, buckets=?, occurred=?,"
-                " version=?, expires_at=? WHERE id=? AND version=? AND expires_at IS ?",
-                [(*row, row[11] - 1, expected.events[row[13]]) for row in rows if row[11] > 1],
+                " version=?, expires_at=?, born=? WHERE id=? AND version=? AND expires_at IS ?",
+                [(*row, row[11] - 1, expected.events[row[14]]) for row in rows if row[11] > 1],
             )
             changes += len(rows)
             if db.total_changes - before != changes:

@@ -487,3 +487,130 @@ async def test_absent_record_created_meanwhile_is_not_overwritten(store_url: str
     finally:
         for store in (b, a):
             await store.close()
+
+
+_LATE_RULES = b"""
+rules:
+  - id: day
+    window: day
+    currency: CNY
+    max_count: 3
+    max_amount: "100.00"
+"""
+
+
+def _event(event_id: str, amount: str, kind: str = "payment", original: str = "") -> bytes:
+    doc = {"event_id": event_id, "type": kind, "account_id": "a", "currency": "CNY"}
+    doc.update({"amount": amount, "occurred_at": "2030-03-17T10:00:00Z"})
+    if original:
+        doc["original_event_id"] = original
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["batch-each", "one-batch"])
+async def test_a_reversal_releases_nothing_from_a_bucket_that_expired_and_began_again(
+    store_url: str, together: bool
+) -> None:
+    """p1 is counted, its day's bucket expires (a day's retention), a late payment of
+    that day starts the bucket again, then p1 is reversed: the new bucket never held p1,
+    so nothing is released from it, and the day's limit still holds against p3. (Before,
+    the reversal took p1's 80.00 off the new bucket and p3 was accepted past the limit.)
+    Another reversal, of the late payment, does release it."""
+    clock = [NOW]  # 2030-03-17T17:46:40Z; the events are of that day, earlier
+    store = open_store(store_url + ("&" if "?" in store_url else "?") + "bucket_retention_days=1")
+    store._clock = lambda: clock[0]
+    await store.init()
+    engine = Engine(Decider(parse_rules(_LATE_RULES)), store)
+
+    async def decide(*lines: bytes) -> list[dict[str, object]]:
+        out = []
+        for group in [lines] if together else [[line] for line in lines]:
+            results = await engine.process([Record(line, {"line": 0}) for line in group])
+            out += [json.loads(r.verdict or b"null") for r in results]
+        return out
+
+    try:
+        (p1,) = await decide(_event("p1", "80.00"))
+        assert p1["decision"] == "accept"
+        clock[0] = LATER  # the day's bucket has expired; event records live on
+        p2, r1, p3 = await decide(
+            _event("p2", "60.00"),
+            _event("r1", "80.00", "reversal", original="p1"),
+            _event("p3", "50.00"),
+        )
+        assert (p2["decision"], r1["decision"]) == ("accept", "accept")
+        assert r1["limits"][0]["amount_used"] == "60.00"  # p2's, unchanged
+        assert p3["decision"] == "reject"
+        assert p3["violations"] == [
+            {
+                "rule_id": "day",
+                "metric": "amount",
+                "period": "2030-03-17",
+                "limit": "100.00",
+                "used": "60.00",
+            }
+        ]
+        r2, p4 = await decide(
+            _event("r2", "60.00", "reversal", original="p2"), _event("p4", "90.00")
+        )
+        assert r2["decision"] == "accept" and r2["limits"][0]["amount_used"] == "0.00"
+        assert p4["decision"] == "accept"
+    finally:
+        await store.close()
+
+
+async def forget_life(store: Store, bucket: str, event: str) -> None:
+    """Take a bucket's life and an event record's list of lives away, as a version before
+    they were kept stored them."""
+    if isinstance(store, MemoryStore):  # in-process only: no earlier data to meet
+        held = store.data.buckets[bucket]
+        store.data.buckets[bucket] = held[:-8] + bytes(8)
+        codec = store.data.codec
+        assert codec is not None
+        record = codec.unpack(store.data.events[event])
+        record.born = ()
+        store.data.events[event] = codec.pack(record)
+    elif isinstance(store, SqliteStore):
+        with closing(sqlite3.connect(store.path, isolation_level=None)) as db:
+            db.execute("UPDATE buckets SET born = NULL WHERE key = ?", (bucket,))
+            db.execute("UPDATE events SET born = NULL WHERE id = ?", (event,))
+    elif isinstance(store, MongoStore):
+        db = store.client[store.database_name]
+        for name, key in (("buckets", bucket), ("events", event)):
+            done = await db[name].update_one({"_id": key}, {"$unset": {"born": ""}})
+            assert done.modified_count == 1
+    else:
+        assert isinstance(store, DynamoStore)
+        client = await store._dynamodb()
+        for pk in ("b#" + bucket, "e#" + event):
+            await client.update_item(
+                TableName=store.table,
+                Key={"pk": {"S": pk}},
+                UpdateExpression="REMOVE born",
+                ConditionExpression="attribute_exists(born)",
+            )
+
+
+async def test_a_payment_stored_before_lives_were_kept_is_released_by_its_reversal(
+    store_url: str,
+) -> None:
+    store = await opened(store_url)
+    engine = Engine(Decider(parse_rules(_LATE_RULES)), store)
+    try:
+        await engine.process([Record(_event("p1", "80.00"), {"line": 1})])
+        key = "day|2030-03-17|a"
+        stored = await store.load(Keys(buckets={key}, events={"p1"}))
+        assert stored.buckets[key].born > 0
+        assert stored.events["p1"].born == (stored.buckets[key].born,)
+        await forget_life(store, key, "p1")
+        stored = await store.load(Keys(buckets={key}, events={"p1"}))
+        assert (stored.buckets[key].born, stored.events["p1"].born) == (0, ())
+        (r1,) = await engine.process(
+            [Record(_event("r1", "80.00", "reversal", original="p1"), {"line": 2})]
+        )
+        assert r1.verdict is not None and json.loads(r1.verdict)["decision"] == "accept"
+        after = (await store.load(Keys(buckets={key}))).buckets[key]
+        assert (after.count, after.amount) == (0, 0)  # released, as before
+        assert after.born > 0  # the bucket's life is known from its next write on
+    finally:
+        await store.close()

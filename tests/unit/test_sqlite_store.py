@@ -12,8 +12,9 @@ from pathlib import Path
 
 from handlers.decide import Decider, OutcomeKind
 from handlers.state import EventRecord, Keys, Writes
-from schemas.events import EventType
-from schemas.rules import load_rules
+from schemas.events import EventType, parse_event
+from schemas.rules import load_rules, parse_rules
+from schemas.verdicts import Decision
 from stores import open_store
 from stores.base import Expected
 from stores.sqlite import SqliteStore
@@ -36,18 +37,23 @@ def _open(path: str, barrier: Barrier, results: multiprocessing.Queue[str]) -> N
         results.put(repr(exc))
 
 
-def test_processes_opening_a_new_file_together_all_succeed(tmp_path: Path) -> None:
+def _open_together(path: str) -> list[str]:
+    """What each of ``OPENERS`` processes that open and init ``path`` at once saw."""
     ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(OPENERS)
+    results: multiprocessing.Queue[str] = ctx.Queue()
+    procs = [ctx.Process(target=_open, args=(path, barrier, results)) for _ in range(OPENERS)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    return outcomes
+
+
+def test_processes_opening_a_new_file_together_all_succeed(tmp_path: Path) -> None:
     for n in range(ROUNDS):
-        path = str(tmp_path / f"store-{n}.db")
-        barrier = ctx.Barrier(OPENERS)
-        results: multiprocessing.Queue[str] = ctx.Queue()
-        procs = [ctx.Process(target=_open, args=(path, barrier, results)) for _ in range(OPENERS)]
-        for p in procs:
-            p.start()
-        outcomes = [results.get(timeout=60) for _ in procs]
-        for p in procs:
-            p.join(timeout=60)
+        outcomes = _open_together(str(tmp_path / f"store-{n}.db"))
         assert outcomes == ["ok"] * OPENERS, f"round {n}: {outcomes}"
 
 
@@ -89,6 +95,87 @@ async def test_a_file_made_before_verdicts_were_compressed_reads_and_writes(
         assert len(stored) < len(new_verdict) / 4  # kept compressed
     finally:
         await store.close()
+
+
+_BEFORE_BORN = """
+CREATE TABLE buckets (
+    key TEXT PRIMARY KEY, count INTEGER NOT NULL, amount INTEGER NOT NULL,
+    version INTEGER NOT NULL, period_end INTEGER, expires_at INTEGER
+) WITHOUT ROWID;
+CREATE TABLE accounts (
+    id TEXT PRIMARY KEY, seq INTEGER NOT NULL, version INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE events (
+    id TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, account_id TEXT NOT NULL,
+    type TEXT NOT NULL, accepted INTEGER NOT NULL, seq INTEGER NOT NULL,
+    verdict BLOB NOT NULL, amount INTEGER NOT NULL, currency TEXT,
+    reversed INTEGER NOT NULL, buckets TEXT NOT NULL, occurred INTEGER NOT NULL,
+    version INTEGER NOT NULL, expires_at INTEGER
+);
+"""
+_DAY_RULES = b"""
+rules:
+  - {id: day, window: day, currency: CNY, max_amount: "100.00"}
+"""
+
+
+def _file_before_born(path: str) -> None:
+    """A file of the version before buckets kept their life: p1 (80.00) counted."""
+    p1 = (
+        b'{"event_id":"p1","account_id":"a","currency":"CNY","amount":"80.00",'
+        b'"occurred_at":"2030-03-17T10:00:00Z"}'
+    )
+    verdict = b'{"event_id":"p1","decision":"accept"}'
+    fingerprint = parse_event(p1).fingerprint
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.executescript(_BEFORE_BORN)
+        db.execute("INSERT INTO buckets VALUES ('day|2030-03-17|a', 1, 8000, 1, 1900000000, NULL)")
+        db.execute("INSERT INTO accounts VALUES ('a', 1, 1)")
+        db.execute(
+            "INSERT INTO events VALUES ('p1', ?, 'a', 'payment', 1, 1, ?, 8000, 'CNY', 0,"
+            " '[\"day|2030-03-17|a\"]', 1900000000, 1, NULL)",
+            (fingerprint, verdict),
+        )
+
+
+async def test_a_file_made_before_buckets_kept_their_life_is_upgraded_and_releases(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "before.db")
+    _file_before_born(path)
+    store = open_store(f"sqlite:///{path}")
+    await store.init()  # adds the new columns; the rows read them as not known
+    try:
+        loaded = await store.load(Keys(buckets={"day|2030-03-17|a"}, events={"p1"}))
+        assert loaded.buckets["day|2030-03-17|a"].born == 0
+        assert loaded.events["p1"].born == ()
+        engine = Engine(Decider(parse_rules(_DAY_RULES)), store)
+        reversal = (
+            b'{"event_id":"r1","type":"reversal","account_id":"a","original_event_id":"p1",'
+            b'"occurred_at":"2030-03-17T11:00:00Z"}'
+        )
+        (result,) = await engine.process([Record(reversal, {"line": 1})])
+        assert result.decision is Decision.ACCEPT
+        after = await store.load(Keys(buckets={"day|2030-03-17|a"}))
+        bucket = after.buckets["day|2030-03-17|a"]
+        assert (bucket.count, bucket.amount) == (0, 0)  # a life not known: released
+        assert bucket.born > 0  # and now known
+    finally:
+        await store.close()
+
+
+def test_processes_opening_a_file_made_before_born_together_all_succeed(
+    tmp_path: Path,
+) -> None:
+    for n in range(3):
+        path = str(tmp_path / f"before-{n}.db")
+        _file_before_born(path)
+        outcomes = _open_together(path)
+        assert outcomes == ["ok"] * OPENERS, f"round {n}: {outcomes}"
+        with closing(sqlite3.connect(path)) as db:
+            for table in ("buckets", "events"):
+                columns = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+                assert columns.count("born") == 1
 
 
 async def test_expired_rows_are_deleted_as_commits_go_and_decisions_do_not_change(
