@@ -209,7 +209,6 @@ RecursionError, which is no dead-letter code: it would stop the consumer on ever
 def decode_json(raw: bytes | str) -> Any:
     """Decode one JSON document, keeping number literals exact."""
     if not raw.strip():
-        # a Kafka record with a null value (a tombstone) reaches here empty too
         raise EventRejected(DeadLetterError.INVALID_JSON, "empty record: no JSON document")
     try:
         return _decoder.decode(raw)

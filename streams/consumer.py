@@ -210,6 +210,7 @@ class VelocityConsumer:
             Record(
                 r.value if r.value is not None else b"",
                 {"topic": r.topic, "partition": r.partition, "offset": r.offset},
+                null=r.value is None,
             )
             for tp in order
             for r in batch[tp]

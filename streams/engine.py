@@ -33,6 +33,8 @@ class Record:
     raw: bytes
     source: dict[str, str | int]
     """``{"line": N}`` for a file, ``{"topic", "partition", "offset"}`` for Kafka."""
+    null: bool = False
+    """A Kafka record with no value at all (a tombstone); ``raw`` is then empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,11 @@ class Engine:
         pending: list[tuple[int, Event, tuple[Applied, ...]]] = []
         for index, record in enumerate(records):
             try:
+                if record.null:
+                    raise EventRejected(
+                        DeadLetterError.INVALID_JSON,
+                        "null record (no value: a tombstone): no JSON document",
+                    )
                 event = parse_event(record.raw)
                 pending.append((index, event, self.decider.plan(event)))
             except EventRejected as exc:

@@ -125,7 +125,9 @@ def source_of(event: EventT[Any]) -> Record:
     message = event.message
     raw = event.value if isinstance(event.value, bytes) else b""
     return Record(
-        raw, {"topic": message.topic, "partition": message.partition, "offset": message.offset}
+        raw,
+        {"topic": message.topic, "partition": message.partition, "offset": message.offset},
+        null=event.value is None,
     )
 
 

@@ -102,12 +102,13 @@ def per_account(verdicts: list[bytes]) -> dict[str, list[bytes]]:
     return by_account
 
 
-async def produce(kafka: KafkaBroker, topic: str, lines: list[bytes]) -> None:
+async def produce(kafka: KafkaBroker, topic: str, lines: list[bytes | None]) -> None:
+    """None: a record with no value (a tombstone), keyed ``gone``."""
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, linger_ms=5)
     await producer.start()
     try:
         for line in lines:
-            await producer.send(topic, line)
+            await producer.send(topic, line, key=b"gone" if line is None else None)
         await producer.flush()
     finally:
         await producer.stop()
@@ -208,7 +209,15 @@ async def test_verdicts_equal_replay_and_topic_replay_repeats_them(
     lines = lines[:700] + BAD_INPUT + lines[700:]
     expected, expected_dead = replay(lines, tmp_path)
     assert len(expected_dead) >= len(BAD_INPUT)  # examples/events.jsonl has some too
-    await produce(kafka, topics.input, lines)
+    # and a tombstone, which a file cannot hold: a dead letter that says what it was
+    await produce(kafka, topics.input, [*lines, None])
+    tombstone = {
+        "error": "invalid_json",
+        "detail": "null record (no value: a tombstone): no JSON document",
+        "raw": "",
+        "source": {"line": len(lines) + 1},
+    }
+    expected_dead.append(tombstone)
 
     store = f"sqlite:///{tmp_path / 'faust.db'}"
     worker = Worker(kafka, topics, store, f"g-{uuid.uuid4().hex[:6]}", tmp_path / "w1.log")

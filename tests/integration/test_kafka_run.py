@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -116,9 +116,9 @@ def make_events(count: int, *, accounts: int = 12, seed: int = 1) -> list[bytes]
     return lines
 
 
-def account_key(raw: bytes) -> bytes | None:
+def account_key(raw: bytes | None) -> bytes | None:
     with contextlib.suppress(ValueError, AttributeError, TypeError, RecursionError):
-        value = json.loads(raw).get("account_id")
+        value = json.loads(raw or b"").get("account_id")
         if isinstance(value, str):
             return value.encode()
     return None
@@ -241,12 +241,17 @@ def setup(tansu: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterato
     made.kill_all()
 
 
-async def produce(bootstrap: str, topic: str, lines: list[bytes]) -> list[str]:
-    """Send ``lines`` in order, keyed by account_id; their ``topic:partition:offset``."""
+async def produce(bootstrap: str, topic: str, lines: Sequence[bytes | None]) -> list[str]:
+    """Send ``lines`` in order, keyed by account_id; their ``topic:partition:offset``.
+    None sends a record with no value (a tombstone), keyed ``gone``."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     await producer.start()
     try:
-        futures = [await producer.send(topic, raw, key=account_key(raw)) for raw in lines]
+        futures = [
+            # a tombstone has a key (aiokafka sends no record with neither)
+            await producer.send(topic, raw, key=b"gone" if raw is None else account_key(raw))
+            for raw in lines
+        ]
         metas = [await f for f in futures]
     finally:
         await producer.stop()
@@ -548,12 +553,21 @@ async def test_two_consumers_in_one_group_split_the_work(setup: Setup) -> None:
 async def test_bad_input_only_goes_to_the_dead_letter_topic(setup: Setup) -> None:
     deep = b'{"event_id": "deep", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     lines = [b"{oops", b"", b"\xff\x00", json.dumps({"event_id": "e1"}).encode(), deep]
-    sources = await produce(setup.bootstrap, setup.topics[0], lines)
+    sources = await produce(setup.bootstrap, setup.topics[0], [*lines, None])
     proc = setup.run()
-    await check_against_replay(setup, lines[:1] + lines[2:], sources[:1] + sources[2:])
-    # an empty (or null) value is a dead letter too, which a file cannot express
-    empty = await read_topic(setup.bootstrap, setup.topics[2], until=5)
-    assert json.loads(empty.by_source[sources[1]][0])["error"] == "invalid_json"
+    await check_against_replay(setup, lines[:1] + lines[2:], sources[:1] + sources[2:5])
+    # an empty value and a null one (a tombstone) are dead letters too, which a file
+    # cannot express; each says which it was
+    letters = await read_topic(setup.bootstrap, setup.topics[2], until=6)
+    empty = json.loads(letters.by_source[sources[1]][0])
+    null = json.loads(letters.by_source[sources[5]][0])
+    assert (empty["error"], empty["raw"], empty["detail"]) == (
+        "invalid_json",
+        "",
+        "empty record: no JSON document",
+    )
+    assert (null["error"], null["raw"]) == ("invalid_json", "")
+    assert null["detail"] == "null record (no value: a tombstone): no JSON document"
     assert setup.stop(proc) == 0
 
 
