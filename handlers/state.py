@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
 from schemas.events import EventType
 
+# Records are msgspec structs, not dataclasses: built in C (the core makes several per
+# event), and with gc=False never tracked by the cycle collector, whose passes over
+# millions of records cost more than deciding them. They hold only scalars, bytes and
+# tuples of them, so no cycle can go through one.
 
-@dataclass(slots=True)
-class Bucket:
+
+class Bucket(msgspec.Struct, gc=False):
     """Count and amount of one (rule, scope values, period) counter."""
 
     count: int = 0
@@ -39,8 +45,7 @@ class Bucket:
         )
 
 
-@dataclass(slots=True)
-class Account:
+class Account(msgspec.Struct, gc=False):
     """Per-account verdict sequence. Never expires, so ``seq`` never repeats."""
 
     seq: int = 0
@@ -51,8 +56,7 @@ class Account:
         return Account(self.seq, self.version)
 
 
-@dataclass(slots=True)
-class EventRecord:
+class EventRecord(msgspec.Struct, gc=False):
     """The idempotency record of an event that got a verdict, with that verdict."""
 
     fingerprint: str
@@ -158,14 +162,16 @@ class Writes:
 class WorkingState:
     """A batch's view of the store: the snapshot plus the changes not committed yet."""
 
-    __slots__ = ("_dirty_accounts", "_dirty_events", "dirty_buckets", "snapshot")
+    __slots__ = ("dirty_accounts", "dirty_buckets", "dirty_events", "snapshot")
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
         self.dirty_buckets: set[str] = set()
         """Keys of buckets changed since the last ``take_writes`` (the core adds to it)."""
-        self._dirty_accounts: set[str] = set()
-        self._dirty_events: set[str] = set()
+        self.dirty_accounts: set[str] = set()
+        """Likewise for account sequences."""
+        self.dirty_events: set[str] = set()
+        """Likewise for idempotency records."""
 
     def bucket(self, key: str) -> Bucket | None:
         """The bucket, or None when it holds nothing yet."""
@@ -188,7 +194,7 @@ class WorkingState:
         found = accounts.get(account_id)
         if found is None:
             found = accounts[account_id] = Account()
-        self._dirty_accounts.add(account_id)
+        self.dirty_accounts.add(account_id)
         return found
 
     def event(self, event_id: str) -> EventRecord | None:
@@ -203,16 +209,16 @@ class WorkingState:
         else:
             record.version, record.expires_at = expired.version, expired.expires_at
         self.snapshot.events[event_id] = record
-        self._dirty_events.add(event_id)
+        self.dirty_events.add(event_id)
 
     def touch_event(self, event_id: str) -> None:
         """Mark an existing record (e.g. a reversed payment) to be written."""
-        self._dirty_events.add(event_id)
+        self.dirty_events.add(event_id)
 
     @property
     def pending(self) -> int:
         """Number of records changed since the last ``take_writes``."""
-        return len(self.dirty_buckets) + len(self._dirty_accounts) + len(self._dirty_events)
+        return len(self.dirty_buckets) + len(self.dirty_accounts) + len(self.dirty_events)
 
     def take_writes(self) -> Writes:
         """Every changed record with its version advanced by one.
@@ -226,15 +232,15 @@ class WorkingState:
             bucket = snapshot.buckets[key]
             bucket.version += 1
             writes.buckets[key] = bucket
-        for key in self._dirty_accounts:
+        for key in self.dirty_accounts:
             account = snapshot.accounts[key]
             account.version += 1
             writes.accounts[key] = account
-        for key in self._dirty_events:
+        for key in self.dirty_events:
             record = snapshot.events[key]
             record.version += 1
             writes.events[key] = record
         self.dirty_buckets.clear()
-        self._dirty_accounts.clear()
-        self._dirty_events.clear()
+        self.dirty_accounts.clear()
+        self.dirty_events.clear()
         return writes
