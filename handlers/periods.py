@@ -68,7 +68,14 @@ class PeriodClock:
 
     def keys(self, epoch: int) -> dict[Window, str]:
         """All period keys of the instant ``epoch`` (seconds)."""
-        minute = epoch // 60
+        found = self.minute_keys(epoch // 60)
+        if found is None:
+            return _keys_of(datetime.fromtimestamp(epoch, self._zone))
+        return found
+
+    def minute_keys(self, minute: int) -> dict[Window, str] | None:
+        """The period keys that every instant of an epoch minute shares; None when its
+        instants differ (an offset with seconds), whose keys ``keys`` works out each."""
         found = self._cache.get(minute, _UNKNOWN)
         if found is _UNKNOWN:
             if len(self._cache) >= _CACHE_LIMIT:
@@ -80,8 +87,6 @@ class PeriodClock:
                 found = self._cache[minute] = _keys_of(local)
             else:
                 found = self._cache[minute] = None
-        if found is None:
-            return _keys_of(datetime.fromtimestamp(epoch, self._zone))
         return found
 
 
