@@ -4,6 +4,22 @@
 #   docker run --rm -v lf:/data limitflow limitflow replay --rules examples/rules.yaml \
 #     --input examples/events.jsonl --output - --dead-letter - --store sqlite:////data/replay.db
 # (/data is the writable volume; replay does not read LIMITFLOW_STORE, run does)
+# The wheels are built in a stage with a C compiler (the compiled payment path,
+# handlers/_fastcore.pyx); the image itself carries none.
+FROM python:3.11-slim AS wheels
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY limitflow ./limitflow
+COPY streams ./streams
+COPY handlers ./handlers
+COPY schemas ./schemas
+COPY stores ./stores
+RUN pip wheel --wheel-dir /wheels '.[faust]'
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -12,14 +28,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-# only what the package needs first, so code edits do not reinstall dependencies
-COPY pyproject.toml README.md ./
-COPY limitflow ./limitflow
-COPY streams ./streams
-COPY handlers ./handlers
-COPY schemas ./schemas
-COPY stores ./stores
-RUN pip install '.[faust]'
+COPY --from=wheels /wheels /wheels
+RUN pip install --no-index --find-links /wheels 'limitflow[faust]' && rm -rf /wheels
 COPY examples ./examples
 COPY benchmarks ./benchmarks
 

@@ -48,6 +48,12 @@ def split_bucket_key(key: str) -> tuple[str, str]:
     return rule_id, period
 
 
+try:
+    from handlers import _fastcore
+except ImportError:  # built without a C compiler: the Python below is the whole core
+    _fastcore = None  # type: ignore[assignment]
+
+
 _ABSENT_AS: Final = {"type": EventType.PAYMENT.value}
 """What a field a rule scopes or matches by means when an event leaves it out: a payment
 need not say that it is one. (Only payments are planned.)"""
@@ -62,6 +68,7 @@ class _CompiledRule:
         "clock",
         "count_limit_text",
         "currency",
+        "fast",
         "fixed_period",
         "match",
         "max_amount",
@@ -101,6 +108,8 @@ class _CompiledRule:
             if rule.max_amount is None or self.amount_exp is None
             else format_minor(rule.max_amount, self.amount_exp)
         )
+        self.fast: object = None
+        """This rule in the compiled path (``handlers._fastcore``), when it is used."""
 
 
 class Applied(NamedTuple):
@@ -156,12 +165,35 @@ _NO_PERIODS: Final[dict[Window, str]] = {}
 class Decider:
     """Decides events against one rule set."""
 
-    def __init__(self, rules: RuleSet) -> None:
+    def __init__(self, rules: RuleSet, *, compiled: bool = True) -> None:
         self.rules = rules
         self._compiled = tuple(_CompiledRule(rule) for rule in rules.rules)
         self._by_id = {c.rule.id: c for c in self._compiled}
         self._by_currency: dict[str, tuple[_CompiledRule, ...]] = {}
         """Rules that can apply to events of a currency, filled on first sight."""
+        self._fast = (
+            _fastcore.FastCore(
+                self._compiled,
+                rules.version,
+                Applied,
+                Outcome,
+                OutcomeKind.VERDICT,
+                escape,
+                _SHORT_KEY,
+                AMOUNT_CEILING,
+                self._decide,
+                self._payment,
+            )
+            if compiled and _fastcore is not None
+            else None
+        )
+        """The compiled payment path, when the extension is built and ``compiled``; it
+        hands anything unusual back to the Python path, which decides it the same way."""
+
+    @property
+    def compiled(self) -> bool:
+        """Whether payments take the compiled path."""
+        return self._fast is not None
 
     # -- planning -------------------------------------------------------------------------
 
@@ -173,6 +205,10 @@ class Decider:
         """
         if event.type is not EventType.PAYMENT:
             return _EMPTY
+        if self._fast is not None:
+            fast: tuple[Applied, ...] | None = self._fast.plan(event)
+            if fast is not None:
+                return fast
         fields = event.fields
         applied: list[Applied] = []
         candidates = self._by_currency.get(event.currency or "")
@@ -260,6 +296,13 @@ class Decider:
 
     def decide(self, event: Event, applied: tuple[Applied, ...], state: WorkingState) -> Outcome:
         """Decide one event, applying its effects to ``state``."""
+        if self._fast is not None:
+            outcome: Outcome = self._fast.decide(event, applied, state)
+            return outcome
+        return self._decide(event, applied, state)
+
+    def _decide(self, event: Event, applied: tuple[Applied, ...], state: WorkingState) -> Outcome:
+        """``decide``, all in Python."""
         seen = state.event(event.event_id)
         if seen is not None:
             if seen.fingerprint in (event.fingerprint, event.legacy_fingerprint):

@@ -17,6 +17,9 @@ from stores.base import Expected
 from stores.memory import MemoryStore
 from streams.engine import Engine, Record
 
+pytestmark = pytest.mark.usefixtures("both_cores")
+
+
 RULES = """
 rules:
   - {id: day, window: day, timezone: Asia/Shanghai, currency: CNY, max_count: 3,

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,8 @@ from handlers.decide import Decider, OutcomeKind
 from schemas.rules import parse_rules
 from stores.memory import MemoryStore
 from streams.engine import Engine, Record
+
+pytestmark = pytest.mark.usefixtures("both_cores")
 
 BASE = datetime(2025, 12, 31, 15, 50, tzinfo=UTC)  # near day, week, month and year ends
 

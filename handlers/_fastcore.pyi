@@ -1,0 +1,21 @@
+"""Types of the compiled payment path (``_fastcore.pyx``), for mypy."""
+
+from collections.abc import Callable
+from typing import Any
+
+class FastCore:
+    def __init__(
+        self,
+        compiled_rules: tuple[Any, ...],
+        version: str,
+        applied_type: type[Any],
+        outcome_type: type[Any],
+        verdict_kind: object,
+        escape: Callable[[str], str],
+        short_key: int,
+        ceiling: int,
+        python_decide: Callable[[Any, Any, Any], Any],
+        python_payment: Callable[[Any, Any, Any], Any],
+    ) -> None: ...
+    def plan(self, event: Any) -> tuple[Any, ...] | None: ...
+    def decide(self, event: Any, applied: tuple[Any, ...], state: Any) -> Any: ...

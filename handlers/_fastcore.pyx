@@ -1,0 +1,610 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""The payment path of ``handlers.decide``, compiled: plan and decide a new payment.
+
+``handlers.decide`` is the reference and the whole core; this module is a faster twin of
+its hot path only (``Decider.plan`` and ``Decider._payment``), used when the extension is
+built. It writes the verdict's JSON itself, byte for byte what msgspec writes for the
+``Verdict`` struct, instead of building a struct per applicable rule. Anything else (a
+duplicate, a reversal) and anything unusual (a scope or match field that is not a
+string, a long key, a number past 62 bits) goes to the Python path, so the two never
+differ on an edge case: ``tests/unit/test_fastcore.py`` decides the same streams both
+ways and compares every byte.
+"""
+
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_SET_ITEM
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy
+
+import msgspec
+
+from handlers.state import Account, Bucket, EventRecord
+from schemas.currencies import MINOR_UNITS
+from schemas.events import EventType
+from schemas.rules import Window
+from schemas.verdicts import Decision, Reason
+
+cdef extern from *:
+    """
+    /* An instance of a tuple subclass (a NamedTuple) with room for n items, as
+       tuple.__new__(cls, items) makes it, without the Python-level call. */
+    static PyObject* lf_tuple_of(PyObject* cls, Py_ssize_t n) {
+        return ((PyTypeObject*)cls)->tp_alloc((PyTypeObject*)cls, n);
+    }
+    """
+    object lf_tuple_of(object cls, Py_ssize_t n)
+
+cdef object _PAYMENT = EventType.PAYMENT
+cdef object _TRANSACTION = Window.TRANSACTION
+cdef object _ACCEPT = Decision.ACCEPT
+cdef object _REJECT = Decision.REJECT
+cdef object _LIMIT_EXCEEDED = Reason.LIMIT_EXCEEDED
+cdef object _json_text = msgspec.json.encode
+
+cdef long long _SMALL = 1LL << 62
+"""Python ints the compiled path takes lie in [0, _SMALL); a larger one (possible only
+for a bucket of a rule without max_amount) goes to the Python path."""
+cdef long long _NO_MINUTE = -(1LL << 62)
+
+
+cdef inline object _tuple4(object cls, object a, object b, object c, object d):
+    cdef object t = lf_tuple_of(cls, 4)
+    Py_INCREF(a)
+    PyTuple_SET_ITEM(t, 0, a)
+    Py_INCREF(b)
+    PyTuple_SET_ITEM(t, 1, b)
+    Py_INCREF(c)
+    PyTuple_SET_ITEM(t, 2, c)
+    Py_INCREF(d)
+    PyTuple_SET_ITEM(t, 3, d)
+    return t
+
+
+cdef class _Out:
+    """A growing byte buffer for one verdict."""
+
+    cdef char* buf
+    cdef Py_ssize_t size
+    cdef Py_ssize_t cap
+
+    def __cinit__(self):
+        self.cap = 2048
+        self.size = 0
+        self.buf = <char*>malloc(self.cap)
+        if self.buf == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.buf)
+
+    cdef inline int raw(self, const char* data, Py_ssize_t n) except -1:
+        cdef Py_ssize_t cap = self.cap
+        cdef char* grown
+        if self.size + n > cap:
+            while self.size + n > cap:
+                cap *= 2
+            grown = <char*>realloc(self.buf, cap)
+            if grown == NULL:
+                raise MemoryError()
+            self.buf, self.cap = grown, cap
+        memcpy(self.buf + self.size, data, n)
+        self.size += n
+        return 0
+
+    cdef inline int put(self, bytes data) except -1:
+        return self.raw(<const char*>data, len(data))
+
+    cdef inline int quoted(self, str data) except -1:
+        """A JSON string exactly as msgspec writes it."""
+        cdef Py_ssize_t n, i
+        cdef const char* p
+        cdef unsigned char ch
+        if data.isascii():
+            p = PyUnicode_AsUTF8AndSize(data, &n)
+            for i in range(n):
+                ch = <unsigned char>p[i]
+                if ch < 0x20 or ch == 0x22 or ch == 0x5C:
+                    break
+            else:
+                self.raw(b'"', 1)
+                self.raw(p, n)
+                return self.raw(b'"', 1)
+        return self.put(_json_text(data))  # escapes, or other scripts: msgspec's own
+
+    cdef inline int integer(self, long long value) except -1:
+        """A JSON integer; ``value`` > LLONG_MIN."""
+        cdef char digits[24]
+        cdef int n = 0
+        cdef bint negative = value < 0
+        cdef unsigned long long v = <unsigned long long>(-value if negative else value)
+        while True:
+            digits[23 - n] = <char>(48 + v % 10)
+            n += 1
+            v //= 10
+            if v == 0:
+                break
+        if negative:
+            digits[23 - n] = b'-'
+            n += 1
+        return self.raw(&digits[24 - n], n)
+
+    cdef inline int minor(self, long long value, int exponent) except -1:
+        """``format_minor(value, exponent)`` as a JSON string; ``value`` > LLONG_MIN,
+        0 <= ``exponent`` <= 18."""
+        cdef char digits[48]
+        cdef int n, width
+        cdef bint negative = value < 0
+        cdef unsigned long long u = <unsigned long long>(-value if negative else value)
+        if exponent == 0:
+            self.raw(b'"', 1)
+            self.integer(value)
+            return self.raw(b'"', 1)
+        # right to left: the digits, the point after ``exponent`` of them, and at least
+        # one digit before it
+        digits[47] = b'"'
+        n = 1
+        width = 0
+        while True:
+            digits[47 - n] = <char>(48 + u % 10)
+            n += 1
+            width += 1
+            u //= 10
+            if width == exponent:
+                digits[47 - n] = b'.'
+                n += 1
+            if u == 0 and width > exponent:
+                break
+        if negative:
+            digits[47 - n] = b'-'
+            n += 1
+        digits[47 - n] = b'"'
+        n += 1
+        return self.raw(&digits[48 - n], n)
+
+    cdef inline bytes take(self):
+        """The bytes so far; the buffer starts again empty."""
+        cdef bytes data = PyBytes_FromStringAndSize(self.buf, self.size)
+        self.size = 0
+        return data
+
+
+cdef class _Rule:
+    """What the compiled path needs of one ``_CompiledRule``."""
+
+    cdef readonly object compiled
+    """The ``_CompiledRule`` itself, which ``Applied.rule`` holds."""
+    cdef object currency
+    cdef object simple_scope
+    cdef object absent_as
+    cdef tuple scope_fields
+    cdef tuple match
+    cdef object window
+    cdef bint transaction
+    cdef object fixed_period
+    cdef str prefix
+    cdef object span
+    cdef int clock
+    """Index of the rule's zone in ``FastCore.clocks``."""
+    cdef bint has_count
+    cdef long long max_count
+    cdef bint has_amount
+    cdef long long max_amount
+    cdef int exponent
+    """The rule currency's minor unit, -1 without a currency."""
+    cdef bytes limit_head
+    cdef bytes count_head
+    cdef bytes amount_head
+    cdef bytes count_limit
+    cdef bytes amount_limit
+    """``amount_limit`` of the rule's ``LimitState``: null without one."""
+    cdef bytes violation_limit
+    """``limit`` of an amount violation (the Python path writes "" without one)."""
+    cdef bint usable
+    """Whether its limits fit the compiled path's integers (always, for valid rules)."""
+
+    def __init__(self, compiled, int clock):
+        rule = compiled.rule
+        self.compiled = compiled
+        self.currency = compiled.currency
+        self.simple_scope = compiled.simple_scope
+        self.absent_as = compiled.absent_as
+        self.scope_fields = compiled.scope_fields
+        self.match = compiled.match
+        self.window = compiled.window
+        self.transaction = compiled.window is _TRANSACTION
+        self.fixed_period = compiled.fixed_period
+        self.prefix = compiled.prefix
+        self.span = compiled.span
+        self.clock = clock
+        self.has_count = compiled.max_count is not None
+        self.has_amount = compiled.max_amount is not None
+        self.exponent = -1 if compiled.amount_exp is None else compiled.amount_exp
+        self.usable = (
+            (not self.has_count or 0 <= compiled.max_count < _SMALL)
+            and (not self.has_amount or 0 <= compiled.max_amount < _SMALL)
+            and self.exponent <= 18
+        )
+        if self.usable:
+            self.max_count = compiled.max_count if self.has_count else 0
+            self.max_amount = compiled.max_amount if self.has_amount else 0
+        head = b'{"rule_id":' + _json_text(rule.id)
+        self.limit_head = head + b',"window":' + _json_text(self.window.value) + b',"period":'
+        self.count_head = head + b',"metric":"count","period":'
+        self.amount_head = head + b',"metric":"amount","period":'
+        self.count_limit = _json_text(compiled.count_limit_text or "")
+        self.amount_limit = (
+            b"null" if compiled.max_amount_text is None
+            else _json_text(compiled.max_amount_text)
+        )
+        self.violation_limit = _json_text(compiled.max_amount_text or "")
+
+
+cdef class FastCore:
+    """``Decider.plan`` and ``Decider.decide`` for one rule set, compiled where they can
+    be, the Python path's (``python_decide``, ``python_payment``) elsewhere."""
+
+    cdef tuple rules
+    cdef dict by_currency
+    cdef list clocks
+    cdef long long* minutes
+    """Per clock: the epoch minute whose keys ``keys`` holds, or _NO_MINUTE."""
+    cdef list keys
+    cdef bytes version
+    cdef object applied_type
+    cdef object outcome_type
+    cdef object verdict_kind
+    cdef object escape
+    cdef Py_ssize_t short_key
+    cdef long long ceiling
+    cdef object python_decide
+    cdef object python_payment
+
+    def __cinit__(self, *args, **kwargs):
+        self.minutes = NULL
+
+    def __dealloc__(self):
+        free(self.minutes)
+
+    def __init__(self, compiled_rules, version, applied_type, outcome_type, verdict_kind,
+                 escape, short_key, ceiling, python_decide, python_payment):
+        cdef Py_ssize_t i
+        self.clocks = []
+        rules = []
+        for c in compiled_rules:
+            if not any(c.clock is known for known in self.clocks):
+                self.clocks.append(c.clock)
+            index = next(i for i, known in enumerate(self.clocks) if c.clock is known)
+            rule = _Rule(c, index)
+            c.fast = rule
+            rules.append(rule)
+        self.rules = tuple(rules)
+        self.minutes = <long long*>malloc(sizeof(long long) * (len(self.clocks) + 1))
+        if self.minutes == NULL:
+            raise MemoryError()
+        for i in range(len(self.clocks)):
+            self.minutes[i] = _NO_MINUTE
+        self.keys = [None] * len(self.clocks)
+        self.by_currency = {}
+        self.version = _json_text(version)
+        self.applied_type = applied_type
+        self.outcome_type = outcome_type
+        self.verdict_kind = verdict_kind
+        self.escape = escape
+        self.short_key = short_key
+        self.ceiling = ceiling
+        self.python_decide = python_decide
+        self.python_payment = python_payment
+
+    cdef tuple _candidates(self, object currency):
+        cdef object key = currency or ""
+        cdef PyObject* found = PyDict_GetItem(self.by_currency, key)
+        if found != NULL:
+            return <tuple>found
+        chosen = tuple(r for r in self.rules if (<_Rule>r).currency in (None, currency))
+        self.by_currency[key] = chosen
+        return chosen
+
+    cdef object _periods(self, int clock, long long epoch):
+        """The period keys of ``epoch`` in a clock's zone (``PeriodClock.keys``), kept
+        while events stay in one minute."""
+        cdef long long minute = epoch // 60
+        if self.minutes[clock] == minute:
+            return self.keys[clock]
+        zone = self.clocks[clock]
+        found = zone.minute_keys(minute)
+        if found is None:  # its instants differ: not kept
+            self.minutes[clock] = _NO_MINUTE
+            return zone.keys(epoch)
+        self.minutes[clock] = minute
+        self.keys[clock] = found
+        return found
+
+    def plan(self, event):
+        """``Decider.plan`` of a payment whose scope and match values are strings and
+        whose keys are short; None for anything else (the Python path plans it)."""
+        cdef dict fields = event.fields
+        cdef list applied = []
+        cdef _Rule r
+        cdef object raw, value, tail, period, key, end
+        cdef long long epoch
+        cdef tuple entry
+        cdef list parts
+        cdef bint skip
+        if event.type is not _PAYMENT:
+            return ()
+        epoch = event.epoch
+        for r in self._candidates(event.currency):
+            if r.simple_scope is not None:
+                raw = fields.get(r.simple_scope, r.absent_as)
+                if raw is None:
+                    continue
+                if type(raw) is not str:
+                    return None
+                tail = raw if ("|" not in raw and "\\" not in raw) else self.escape(raw)
+            else:
+                parts = []
+                for entry in r.scope_fields:
+                    raw = fields.get(entry[0], entry[1])
+                    if raw is None:
+                        break
+                    if type(raw) is not str:
+                        return None
+                    parts.append(raw if ("|" not in raw and "\\" not in raw) else self.escape(raw))
+                else:
+                    tail = "|".join(parts)
+                    parts = None
+                if parts is not None:
+                    continue
+            if r.match:
+                skip = False
+                for entry in r.match:
+                    value = fields.get(entry[0], entry[2])
+                    if value is None:  # matches nothing (the Python path says so too)
+                        skip = True
+                        break
+                    if type(value) is not str:
+                        return None
+                    if value not in <frozenset>entry[1]:
+                        skip = True
+                        break
+                if skip:
+                    continue
+            period = r.fixed_period
+            if period is None:
+                period = self._periods(r.clock, epoch)[r.window]
+            if r.transaction:
+                applied.append(_tuple4(self.applied_type, r.compiled, period, None, None))
+            else:
+                end = None if r.span is None else epoch + r.span
+                key = r.prefix + period + "|" + tail
+                if len(key) > self.short_key:
+                    return None
+                applied.append(_tuple4(self.applied_type, r.compiled, period, key, end))
+        return tuple(applied)
+
+    def decide(self, event, tuple applied, state):
+        """``Decider.decide``: a new payment here, anything else by the Python path."""
+        if event.type is not _PAYMENT or event.event_id in state.snapshot.events:
+            return self.python_decide(event, applied, state)
+        outcome = self._payment(event, applied, state)
+        if outcome is None:
+            return self.python_payment(event, applied, state)
+        return outcome
+
+    cdef object _payment(self, event, tuple applied, state):
+        """``Decider._payment``; None, with nothing changed, for what the compiled path
+        does not take."""
+        cdef Py_ssize_t n = len(applied), i
+        cdef object amount_py = event.amount
+        cdef long long amount, count, used
+        cdef dict buckets = state.snapshot.buckets
+        cdef _Rule r
+        cdef tuple a
+        cdef object bucket, key, end, value
+        cdef list found = []
+        cdef list keys
+        cdef long long* counts
+        cdef long long* useds
+        cdef bint accepted = True
+        cdef _Out out = _Out()
+        if type(amount_py) is not int or not (0 <= amount_py < _SMALL):
+            return None
+        amount = amount_py
+        counts = <long long*>malloc(sizeof(long long) * (2 * n + 1))
+        if counts == NULL:
+            raise MemoryError()
+        useds = counts + n
+        try:
+            # what each applied rule's bucket holds, and every limit the event breaks
+            for i in range(n):
+                a = <tuple>applied[i]
+                r = <_Rule>a[0].fast
+                if not r.usable:
+                    return None
+                if a[2] is None:
+                    counts[i] = 0
+                    useds[i] = 0
+                    found.append(None)
+                    if r.has_amount and amount > r.max_amount:
+                        self._violation(out, accepted, r.amount_head, a[1], r.violation_limit)
+                        accepted = False
+                        out.minor(0, r.exponent if r.exponent >= 0 else 0)
+                        out.raw(b"}", 1)
+                    continue
+                bucket = buckets.get(a[2])
+                if bucket is None:
+                    count = used = 0
+                else:
+                    value = bucket.count
+                    if type(value) is not int or not (0 <= value < _SMALL):
+                        return None
+                    count = value
+                    value = bucket.amount
+                    if type(value) is not int or not (0 <= value <= self.ceiling):
+                        return None
+                    used = value
+                counts[i] = count
+                useds[i] = used
+                found.append(bucket)
+                if r.has_count and count >= r.max_count:
+                    self._violation(out, accepted, r.count_head, a[1], r.count_limit)
+                    accepted = False
+                    out.raw(b'"', 1)
+                    out.integer(count)
+                    out.raw(b'"}', 2)
+                if r.has_amount and used > r.max_amount - amount:
+                    self._violation(out, accepted, r.amount_head, a[1], r.violation_limit)
+                    accepted = False
+                    out.minor(used, r.exponent if r.exponent >= 0 else 0)
+                    out.raw(b"}", 1)
+            violations = out.take()
+
+            # every applied rule's bucket after the decision
+            keys = []
+            if accepted:
+                dirty = state.dirty_buckets
+                for i in range(n):
+                    a = <tuple>applied[i]
+                    r = <_Rule>a[0].fast
+                    key = a[2]
+                    if key is None:
+                        count, used = 1, amount
+                    else:
+                        count = counts[i] + 1
+                        used = useds[i]
+                        used = self.ceiling if used > self.ceiling - amount else used + amount
+                        bucket = found[i]
+                        end = a[3]
+                        if bucket is None:
+                            buckets[key] = Bucket(count, used, 0, end)
+                        else:
+                            bucket.count = count
+                            bucket.amount = used
+                            if end is not None and (bucket.period_end or 0) < end:
+                                bucket.period_end = end
+                        dirty.add(key)
+                        keys.append(key)
+                    self._limit(out, r, a[1], count, used, i)
+                decision, reason = _ACCEPT, None
+            else:
+                for i in range(n):
+                    a = <tuple>applied[i]
+                    r = <_Rule>a[0].fast
+                    if a[2] is None:
+                        self._limit(out, r, a[1], 1, amount, i)
+                    else:
+                        self._limit(out, r, a[1], counts[i], useds[i], i)
+                decision, reason = _REJECT, _LIMIT_EXCEEDED
+            limits = out.take()
+        finally:
+            free(counts)
+
+        snapshot = state.snapshot
+        event_id = event.event_id
+        account_id = event.account_id
+        account = snapshot.accounts.get(account_id)
+        if account is None:
+            account = snapshot.accounts[account_id] = Account()
+        state.dirty_accounts.add(account_id)
+        account.seq += 1
+        seq = account.seq
+
+        currency = event.currency
+        out.raw(b'{"event_id":', 12)
+        out.quoted(event_id)
+        out.raw(b',"account_id":', 14)
+        out.quoted(account_id)
+        if accepted:
+            out.put(b',"type":"payment","decision":"accept","reason":null,"seq":')
+        else:
+            out.put(b',"type":"payment","decision":"reject","reason":"limit_exceeded","seq":')
+        if type(seq) is int and 0 <= seq < _SMALL:
+            out.integer(seq)
+        else:
+            out.put(str(seq).encode())
+        out.put(b',"violations":[')
+        out.put(violations)
+        out.put(b'],"occurred_at":')
+        out.quoted(event.occurred_at)
+        out.put(b',"amount":')
+        out.minor(amount, MINOR_UNITS[currency])
+        out.put(b',"currency":')
+        out.quoted(currency)
+        out.put(b',"original_event_id":null,"rules_version":')
+        out.put(self.version)
+        out.put(b',"limits":[')
+        out.put(limits)
+        out.raw(b"]}", 2)
+        encoded = out.take()
+
+        # the idempotency record, as WorkingState.put_event stores it
+        expired = snapshot.expired_events.get(event_id)
+        snapshot.events[event_id] = EventRecord(
+            event.fingerprint,
+            account_id,
+            event.type,
+            accepted,
+            seq,
+            encoded,
+            amount_py if accepted else 0,
+            currency,
+            0,
+            tuple(keys),
+            event.epoch,
+            0 if expired is None else expired.version,
+            None if expired is None else expired.expires_at,
+            None if keys else (),
+        )
+        state.dirty_events.add(event_id)
+        outcome = lf_tuple_of(self.outcome_type, 6)
+        for i, value in enumerate((self.verdict_kind, encoded, decision, reason, None, None)):
+            Py_INCREF(value)
+            PyTuple_SET_ITEM(outcome, i, value)
+        return outcome
+
+    cdef int _violation(self, _Out out, bint first, bytes head, object period,
+                        bytes limit) except -1:
+        """Open one violation, up to its ``used`` (``first``: none was written yet)."""
+        if not first:
+            out.raw(b",", 1)
+        out.put(head)
+        out.quoted(period)
+        out.put(b',"limit":')
+        out.put(limit)
+        out.put(b',"used":')
+        return 0
+
+    cdef int _limit(self, _Out out, _Rule r, object period, long long count, long long used,
+                    Py_ssize_t index) except -1:
+        """One ``LimitState``: a rule's bucket after the decision."""
+        if index:
+            out.raw(b",", 1)
+        out.put(r.limit_head)
+        out.quoted(period)
+        out.put(b',"count_used":')
+        out.integer(count)
+        if r.has_count:
+            out.put(b',"count_limit":')
+            out.integer(r.max_count)
+            out.put(b',"count_remaining":')
+            out.integer(r.max_count - count if count < r.max_count else 0)
+        else:
+            out.put(b',"count_limit":null,"count_remaining":null')
+        out.put(b',"amount_used":')
+        if r.exponent < 0:
+            out.raw(b"null", 4)
+        else:
+            out.minor(used, r.exponent)
+        out.put(b',"amount_limit":')
+        out.put(r.amount_limit)
+        out.put(b',"amount_remaining":')
+        if not r.has_amount or r.exponent < 0:
+            out.raw(b"null}", 5)
+        else:
+            out.minor(r.max_amount - used if used < r.max_amount else 0, r.exponent)
+            out.raw(b"}", 1)
+        return 0

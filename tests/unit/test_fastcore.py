@@ -1,0 +1,232 @@
+"""The compiled payment path decides exactly as the Python path: same verdict bytes,
+same dead letters, same state, on the same streams."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from benchmarks.generate import events as generated
+from handlers import decide
+from handlers.decide import Decider
+from handlers.state import Bucket, Snapshot, WorkingState
+from schemas.events import EventRejected, parse_event
+from schemas.rules import RuleSet, parse_rules
+from tests.unit.test_decide import RULES
+
+EXAMPLE_RULES = "examples/rules.yaml"
+
+
+def both(rules: RuleSet) -> tuple[Decider, Decider]:
+    compiled, python = Decider(rules), Decider(rules, compiled=False)
+    assert compiled.compiled, "handlers._fastcore is not built: pip install -e . builds it"
+    assert not python.compiled
+    return compiled, python
+
+
+def outcomes(decider: Decider, lines: list[bytes | str], state: WorkingState) -> list[Any]:
+    """Each line's outcome, or the dead letter that parsing or planning gave it."""
+    results: list[Any] = []
+    for line in lines:
+        try:
+            event = parse_event(line)
+            results.append(decider.decide(event, decider.plan(event), state))
+        except EventRejected as exc:
+            results.append(("rejected", exc.error, exc.detail))
+    return results
+
+
+def assert_same(rules: RuleSet, lines: list[bytes | str], snapshot: Snapshot | None = None) -> None:
+    compiled, python = both(rules)
+    fast_state = WorkingState(_copy(snapshot))
+    slow_state = WorkingState(_copy(snapshot))
+    assert outcomes(compiled, lines, fast_state) == outcomes(python, lines, slow_state)
+    assert fast_state.snapshot == slow_state.snapshot
+    assert fast_state.take_writes() == slow_state.take_writes()
+
+
+def _copy(snapshot: Snapshot | None) -> Snapshot:
+    if snapshot is None:
+        return Snapshot()
+    return Snapshot(
+        {k: b.copy() for k, b in snapshot.buckets.items()},
+        {k: a.copy() for k, a in snapshot.accounts.items()},
+        {k: e.copy() for k, e in snapshot.events.items()},
+        {k: e.copy() for k, e in snapshot.expired_events.items()},
+    )
+
+
+def test_the_generated_benchmark_stream_is_decided_alike() -> None:
+    from schemas.rules import load_rules
+
+    assert_same(load_rules(EXAMPLE_RULES), list(generated(6_000, accounts=300, merchants=20)))
+
+
+def test_the_compiled_path_is_taken_for_ordinary_payments() -> None:
+    from schemas.rules import load_rules
+
+    compiled, _ = both(load_rules(EXAMPLE_RULES))
+    fast = compiled._fast
+    assert fast is not None
+    event = parse_event(next(iter(generated(1))))
+    assert fast.plan(event) is not None
+
+
+# -- hypothesis: rules and events built to reach every branch and every fallback ---------
+
+_TEXT = st.text(
+    alphabet=st.sampled_from(["a", "b", "|", "\\", '"', "\n", "\x01", "é", "中", "😀", " "]),
+    min_size=1,
+    max_size=6,
+)
+_SCALAR = st.one_of(
+    st.sampled_from(["x", "y", "atm", "pos"]),
+    _TEXT,
+    st.integers(min_value=-5, max_value=5),
+    st.sampled_from([Decimal("1.0"), Decimal("1E2"), Decimal("0.50")]),
+    st.booleans(),
+    st.none(),
+    st.just(["x"]),
+    st.just({"k": "v"}),
+)
+_WINDOWS = ["transaction", "minute", "hour", "day", "week", "month", "year", "lifetime"]
+_ZONES = ["UTC", "Asia/Shanghai", "America/New_York", "Africa/Monrovia", "Asia/Kathmandu"]
+_CURRENCIES = ["CNY", "JPY", "KWD", "CLF"]
+
+
+@st.composite
+def rule_files(draw: st.DrawFn) -> str:
+    rules = []
+    for index in range(draw(st.integers(min_value=1, max_value=5))):
+        window = draw(st.sampled_from(_WINDOWS))
+        rule: dict[str, Any] = {"id": f"r{index}", "window": window}
+        rule["scope"] = draw(
+            st.sampled_from(["account_id", "card_id", ["card_id", "merchant_id"], "type"])
+        )
+        rule["timezone"] = draw(st.sampled_from(_ZONES))
+        currency = draw(st.one_of(st.none(), st.sampled_from(_CURRENCIES)))
+        if window == "transaction" and currency is None:
+            currency = "CNY"  # a transaction window limits the amount, in a currency
+        if currency is not None:
+            rule["currency"] = currency
+        count = draw(st.one_of(st.none(), st.integers(min_value=0, max_value=4)))
+        amount = (
+            draw(st.one_of(st.none(), st.sampled_from(["0", "5", "12", "100", "99999999999"])))
+            if currency is not None
+            else None
+        )
+        if window == "transaction":
+            count, amount = None, amount or "12"
+        elif count is None and amount is None:
+            count = 3
+        if count is not None:
+            rule["max_count"] = count
+        if amount is not None:
+            rule["max_amount"] = amount
+        if draw(st.booleans()):
+            rule["match"] = {"channel": ["atm", "pos"]} if draw(st.booleans()) else {"mcc": [1]}
+        rules.append(rule)
+    return json.dumps({"rules": rules})
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> list[str]:
+    lines: list[str] = []
+    for n in range(draw(st.integers(min_value=1, max_value=25))):
+        if lines and draw(st.integers(min_value=0, max_value=9)) == 0:
+            lines.append(draw(st.sampled_from(lines)))  # a resend
+            continue
+        currency = draw(st.sampled_from(_CURRENCIES))
+        doc: dict[str, Any] = {
+            "event_id": draw(st.one_of(st.just(f"e{n}"), _TEXT, st.just(f"e{n - 1}"))),
+            "account_id": draw(st.one_of(st.sampled_from(["a1", "a2"]), _TEXT)),
+            "amount": draw(st.sampled_from(["1", "3", "5", "12", "99999999999", "0.5", "7"])),
+            "currency": currency,
+            "occurred_at": draw(
+                st.sampled_from(
+                    [
+                        "2026-03-14T10:00:00+08:00",
+                        "2026-03-14T10:00:30Z",
+                        "2026-03-15T23:59:59.999999-05:00",
+                        "1968-05-01T12:00:10Z",
+                        "2026-12-31T23:59:60Z",
+                    ]
+                )
+            ),
+        }
+        for name in ("card_id", "merchant_id", "channel", "mcc"):
+            if draw(st.booleans()):
+                doc[name] = draw(_SCALAR)
+        if draw(st.integers(min_value=0, max_value=6)) == 0:
+            doc = {
+                "event_id": f"rev{n}",
+                "type": "reversal",
+                "account_id": doc["account_id"],
+                "original_event_id": draw(st.sampled_from([f"e{k}" for k in range(n + 1)])),
+                "occurred_at": doc["occurred_at"],
+            }
+        if draw(st.integers(min_value=0, max_value=15)) == 0:
+            doc["card_id"] = "k" * 300  # a key too long for the compiled path
+        lines.append(json.dumps(doc, default=str))
+    return lines
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rules=rule_files(), lines=streams())
+def test_any_stream_is_decided_alike(rules: str, lines: list[str]) -> None:
+    assert_same(parse_rules(rules), list(lines))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    count=st.sampled_from([0, 1, 2**62 - 1, 2**62, 2**63 - 1]),
+    amount=st.sampled_from([0, 1, 10**15, 2**62 - 1, 2**62, 2**63 - 1]),
+)
+def test_buckets_near_the_integer_limits_are_decided_alike(count: int, amount: int) -> None:
+    """Stored counts and amounts that the compiled integers cannot hold go to Python."""
+    rules = parse_rules(RULES)
+    line = '{"event_id":"e","account_id":"a1","amount":"5","currency":"CNY",'
+    line += '"occurred_at":"2026-03-14T10:00:00+08:00","merchant_id":"m","card_id":"c"}'
+    event = parse_event(line)
+    snapshot = Snapshot()
+    for applied in Decider(rules, compiled=False).plan(event):
+        if applied.key is not None:
+            snapshot.buckets[applied.key] = Bucket(count, amount, 3, None, None, 0)
+    assert_same(rules, [line], snapshot)
+
+
+def test_an_expired_record_is_replaced_under_its_version_alike() -> None:
+    rules = parse_rules(RULES)
+    line = (
+        '{"event_id":"e","account_id":"a1","amount":"5","currency":"CNY",'
+        '"occurred_at":"2026-03-14T10:00:00+08:00"}'
+    )
+    compiled, _ = both(rules)
+    state = WorkingState(Snapshot())
+    first = compiled.decide(parse_event(line), compiled.plan(parse_event(line)), state)
+    assert first.verdict is not None
+    old = state.snapshot.events.pop("e")
+    old.version, old.expires_at = 7, 1_000
+    snapshot = Snapshot(expired_events={"e": old})
+    assert_same(rules, [line.replace('"5"', '"6"')], snapshot)
+
+
+def test_without_the_extension_the_python_path_decides(monkeypatch: Any) -> None:
+    monkeypatch.setattr(decide, "_fastcore", None)
+    assert not Decider(parse_rules(RULES)).compiled
+
+
+def test_the_built_extension_is_not_older_than_its_source() -> None:
+    """An edit to ``_fastcore.pyx`` takes effect only once built again."""
+    from pathlib import Path
+
+    source = Path(decide.__file__).with_name("_fastcore.pyx")
+    built = decide._fastcore.__file__ if decide._fastcore is not None else None
+    assert built is not None, "handlers._fastcore is not built: pip install -e . builds it"
+    assert Path(built).stat().st_mtime >= source.stat().st_mtime, (
+        "handlers/_fastcore.pyx changed since the extension was built: pip install -e ."
+    )
