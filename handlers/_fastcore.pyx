@@ -15,8 +15,8 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
+from cpython.set cimport PySet_Add
 from cpython.tuple cimport PyTuple_SET_ITEM
-from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
@@ -37,6 +37,37 @@ cdef extern from *:
     }
     """
     object lf_tuple_of(object cls, Py_ssize_t n)
+
+cdef extern from *:
+    """
+    /* Whether a str holds neither '|' nor a backslash (a scope value a bucket key takes as
+       it is, see handlers.decide.escape). */
+    static int lf_plain(PyObject* s) {
+        Py_ssize_t i, n = PyUnicode_GET_LENGTH(s);
+        int kind = PyUnicode_KIND(s);
+        const void* data = PyUnicode_DATA(s);
+        for (i = 0; i < n; i++) {
+            Py_UCS4 ch = PyUnicode_READ(kind, data, i);
+            if (ch == '|' || ch == 0x5C) return 0;
+        }
+        return 1;
+    }
+    /* The bytes of an ASCII str that JSON takes as they are (no quote, backslash or
+       control character), or NULL. */
+    static const char* lf_json_ascii(PyObject* s, Py_ssize_t* n) {
+        Py_ssize_t i;
+        const unsigned char* data;
+        if (!PyUnicode_IS_COMPACT_ASCII(s)) return NULL;
+        *n = PyUnicode_GET_LENGTH(s);
+        data = (const unsigned char*)PyUnicode_DATA(s);
+        for (i = 0; i < *n; i++) {
+            if (data[i] < 0x20 || data[i] == '"' || data[i] == 0x5C) return NULL;
+        }
+        return (const char*)data;
+    }
+    """
+    bint lf_plain(str s)
+    const char* lf_json_ascii(str s, Py_ssize_t* n)
 
 cdef object _PAYMENT = EventType.PAYMENT
 cdef object _TRANSACTION = Window.TRANSACTION
@@ -100,20 +131,13 @@ cdef class _Out:
 
     cdef inline int quoted(self, str data) except -1:
         """A JSON string exactly as msgspec writes it."""
-        cdef Py_ssize_t n, i
-        cdef const char* p
-        cdef unsigned char ch
-        if data.isascii():
-            p = PyUnicode_AsUTF8AndSize(data, &n)
-            for i in range(n):
-                ch = <unsigned char>p[i]
-                if ch < 0x20 or ch == 0x22 or ch == 0x5C:
-                    break
-            else:
-                self.raw(b'"', 1)
-                self.raw(p, n)
-                return self.raw(b'"', 1)
-        return self.put(_json_text(data))  # escapes, or other scripts: msgspec's own
+        cdef Py_ssize_t n = 0
+        cdef const char* p = lf_json_ascii(data, &n)
+        if p == NULL:
+            return self.put(_json_text(data))  # escapes, or other scripts: msgspec's own
+        self.raw(b'"', 1)
+        self.raw(p, n)
+        return self.raw(b'"', 1)
 
     cdef inline int integer(self, long long value) except -1:
         """A JSON integer; ``value`` > LLONG_MIN."""
@@ -165,6 +189,9 @@ cdef class _Out:
         n += 1
         return self.raw(&digits[48 - n], n)
 
+    cdef inline int extend(self, _Out other) except -1:
+        return self.raw(other.buf, other.size)
+
     cdef inline bytes take(self):
         """The bytes so far; the buffer starts again empty."""
         cdef bytes data = PyBytes_FromStringAndSize(self.buf, self.size)
@@ -189,6 +216,9 @@ cdef class _Rule:
     cdef object span
     cdef int clock
     """Index of the rule's zone in ``FastCore.clocks``."""
+    cdef object last_period
+    cdef str last_head
+    """``prefix + last_period + "|"``: the start of its bucket keys in that period."""
     cdef bint has_count
     cdef long long max_count
     cdef bint has_amount
@@ -220,6 +250,8 @@ cdef class _Rule:
         self.prefix = compiled.prefix
         self.span = compiled.span
         self.clock = clock
+        self.last_period = None
+        self.last_head = None
         self.has_count = compiled.max_count is not None
         self.has_amount = compiled.max_amount is not None
         self.exponent = -1 if compiled.amount_exp is None else compiled.amount_exp
@@ -262,6 +294,10 @@ cdef class FastCore:
     cdef long long ceiling
     cdef object python_decide
     cdef object python_payment
+    cdef _Out head
+    cdef _Out violations
+    cdef _Out limits
+    """Buffers for one verdict's parts, kept from one payment to the next."""
 
     def __cinit__(self, *args, **kwargs):
         self.minutes = NULL
@@ -298,6 +334,7 @@ cdef class FastCore:
         self.ceiling = ceiling
         self.python_decide = python_decide
         self.python_payment = python_payment
+        self.head, self.violations, self.limits = _Out(), _Out(), _Out()
 
     cdef tuple _candidates(self, object currency):
         cdef object key = currency or ""
@@ -344,7 +381,7 @@ cdef class FastCore:
                     continue
                 if type(raw) is not str:
                     return None
-                tail = raw if ("|" not in raw and "\\" not in raw) else self.escape(raw)
+                tail = raw if lf_plain(raw) else self.escape(raw)
             else:
                 parts = []
                 for entry in r.scope_fields:
@@ -353,7 +390,7 @@ cdef class FastCore:
                         break
                     if type(raw) is not str:
                         return None
-                    parts.append(raw if ("|" not in raw and "\\" not in raw) else self.escape(raw))
+                    parts.append(raw if lf_plain(raw) else self.escape(raw))
                 else:
                     tail = "|".join(parts)
                     parts = None
@@ -380,7 +417,10 @@ cdef class FastCore:
                 applied.append(_tuple4(self.applied_type, r.compiled, period, None, None))
             else:
                 end = None if r.span is None else epoch + r.span
-                key = r.prefix + period + "|" + tail
+                if period is not r.last_period:
+                    r.last_head = r.prefix + period + "|"
+                    r.last_period = period
+                key = r.last_head + tail
                 if len(key) > self.short_key:
                     return None
                 applied.append(_tuple4(self.applied_type, r.compiled, period, key, end))
@@ -406,11 +446,12 @@ cdef class FastCore:
         cdef tuple a
         cdef object bucket, key, end, value
         cdef list found = []
+        cdef list rules = []
         cdef list keys
         cdef long long* counts
         cdef long long* useds
         cdef bint accepted = True
-        cdef _Out out = _Out()
+        cdef _Out out = self.violations
         if type(amount_py) is not int or not (0 <= amount_py < _SMALL):
             return None
         amount = amount_py
@@ -418,6 +459,7 @@ cdef class FastCore:
         if counts == NULL:
             raise MemoryError()
         useds = counts + n
+        out.size = 0
         try:
             # what each applied rule's bucket holds, and every limit the event breaks
             for i in range(n):
@@ -425,6 +467,7 @@ cdef class FastCore:
                 r = <_Rule>a[0].fast
                 if not r.usable:
                     return None
+                rules.append(r)
                 if a[2] is None:
                     counts[i] = 0
                     useds[i] = 0
@@ -461,15 +504,16 @@ cdef class FastCore:
                     accepted = False
                     out.minor(used, r.exponent if r.exponent >= 0 else 0)
                     out.raw(b"}", 1)
-            violations = out.take()
 
             # every applied rule's bucket after the decision
+            out = self.limits
+            out.size = 0
             keys = []
             if accepted:
                 dirty = state.dirty_buckets
                 for i in range(n):
                     a = <tuple>applied[i]
-                    r = <_Rule>a[0].fast
+                    r = <_Rule>rules[i]
                     key = a[2]
                     if key is None:
                         count, used = 1, amount
@@ -486,20 +530,19 @@ cdef class FastCore:
                             bucket.amount = used
                             if end is not None and (bucket.period_end or 0) < end:
                                 bucket.period_end = end
-                        dirty.add(key)
+                        PySet_Add(dirty, key)
                         keys.append(key)
                     self._limit(out, r, a[1], count, used, i)
                 decision, reason = _ACCEPT, None
             else:
                 for i in range(n):
                     a = <tuple>applied[i]
-                    r = <_Rule>a[0].fast
+                    r = <_Rule>rules[i]
                     if a[2] is None:
                         self._limit(out, r, a[1], 1, amount, i)
                     else:
                         self._limit(out, r, a[1], counts[i], useds[i], i)
                 decision, reason = _REJECT, _LIMIT_EXCEEDED
-            limits = out.take()
         finally:
             free(counts)
 
@@ -509,11 +552,13 @@ cdef class FastCore:
         account = snapshot.accounts.get(account_id)
         if account is None:
             account = snapshot.accounts[account_id] = Account()
-        state.dirty_accounts.add(account_id)
+        PySet_Add(state.dirty_accounts, account_id)
         account.seq += 1
         seq = account.seq
 
         currency = event.currency
+        out = self.head
+        out.size = 0
         out.raw(b'{"event_id":', 12)
         out.quoted(event_id)
         out.raw(b',"account_id":', 14)
@@ -527,7 +572,7 @@ cdef class FastCore:
         else:
             out.put(str(seq).encode())
         out.put(b',"violations":[')
-        out.put(violations)
+        out.extend(self.violations)
         out.put(b'],"occurred_at":')
         out.quoted(event.occurred_at)
         out.put(b',"amount":')
@@ -537,7 +582,7 @@ cdef class FastCore:
         out.put(b',"original_event_id":null,"rules_version":')
         out.put(self.version)
         out.put(b',"limits":[')
-        out.put(limits)
+        out.extend(self.limits)
         out.raw(b"]}", 2)
         encoded = out.take()
 
@@ -559,7 +604,7 @@ cdef class FastCore:
             None if expired is None else expired.expires_at,
             None if keys else (),
         )
-        state.dirty_events.add(event_id)
+        PySet_Add(state.dirty_events, event_id)
         outcome = lf_tuple_of(self.outcome_type, 6)
         for i, value in enumerate((self.verdict_kind, encoded, decision, reason, None, None)):
             Py_INCREF(value)
