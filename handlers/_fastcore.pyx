@@ -277,7 +277,10 @@ cdef class _Rule:
 
 cdef class FastCore:
     """``Decider.plan`` and ``Decider.decide`` for one rule set, compiled where they can
-    be, the Python path's (``python_decide``, ``python_payment``) elsewhere."""
+    be, the Python path's (``python_decide``, ``python_payment``) elsewhere.
+
+    Like the ``WorkingState`` it changes, not for several threads at once: it keeps the
+    buffers of the verdict being written from one payment to the next."""
 
     cdef tuple rules
     cdef dict by_currency

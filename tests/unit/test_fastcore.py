@@ -79,7 +79,9 @@ def test_the_compiled_path_is_taken_for_ordinary_payments() -> None:
 # -- hypothesis: rules and events built to reach every branch and every fallback ---------
 
 _TEXT = st.text(
-    alphabet=st.sampled_from(["a", "b", "|", "\\", '"', "\n", "\x01", "é", "中", "😀", " "]),
+    alphabet=st.sampled_from(
+        ["a", "b", "|", "\\", '"', "\n", "\x01", "\x7f", "/", "<", "é", "中", "😀", "\u2028", " "]
+    ),
     min_size=1,
     max_size=6,
 )
