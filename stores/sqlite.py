@@ -68,6 +68,12 @@ _decode_keys: Final = msgspec.json.Decoder(list[str]).decode
 _decode_born: Final = msgspec.json.Decoder(list[int]).decode
 
 
+_EventRow = tuple[
+    str, str, str, int, int, bytes, int, str | None, int, str, int, int, int | None, str | None, str
+]
+"""An ``events`` row as the statements take it: every column but ``id``, then ``id``."""
+
+
 def _encode_keys(keys: tuple[str, ...]) -> str:
     """Bucket keys of a record as JSON text, by msgspec (several times faster than the json
     module; rows that json wrote, with spaces, read the same)."""
@@ -199,70 +205,76 @@ class SqliteStore(Store):
     async def _write(self, writes: Writes, expected: Expected) -> None:
         db = self._db
         self.round_trips += 1
+        # every parameter is made (verdicts compressed) before the write lock is taken:
+        # other processes sharing the file wait only for the statements
+        fresh_b: list[tuple[str, int, int, int | None, int | None, int]] = []
+        old_b: list[tuple[int, int, int, int | None, int | None, int, str, int, int | None]] = []
+        expected_b = expected.buckets
+        for k, b in writes.buckets.items():
+            version = b.version
+            if version == 1:
+                fresh_b.append((k, b.count, b.amount, b.period_end, b.expires_at, b.born))
+            elif version > 1:
+                old_b.append(
+                    (
+                        *(b.count, b.amount, version, b.period_end, b.expires_at, b.born),
+                        *(k, version - 1, expected_b[k]),
+                    )
+                )
+        fresh_a: list[tuple[str, int]] = []
+        old_a: list[tuple[int, int, str, int]] = []
+        for k, a in writes.accounts.items():
+            version = a.version
+            if version == 1:
+                fresh_a.append((k, a.seq))
+            elif version > 1:
+                old_a.append((a.seq, version, k, version - 1))
+        fresh_e: list[_EventRow] = []
+        old_e: list[tuple[Any, ...]] = []
+        expected_e = expected.events
+        for k, r in writes.events.items():
+            row: _EventRow = (
+                r.fingerprint,
+                r.account_id,
+                r.type.value,
+                int(r.accepted),
+                r.seq,
+                pack_verdict(r.verdict),
+                r.amount,
+                r.currency,
+                r.reversed,
+                _encode_keys(r.buckets),
+                r.occurred,
+                r.version,
+                r.expires_at,
+                _keys_encoder.encode(r.born).decode() if r.born else None,
+                k,
+            )
+            if r.version == 1:
+                fresh_e.append(row)
+            elif r.version > 1:
+                old_e.append((*row, r.version - 1, expected_e[k]))
+        # an event record of any other version is counted and written by no statement:
+        # the commit fails as a conflict (as before; ``take_writes`` makes none such)
+        changes = len(fresh_b) + len(old_b) + len(fresh_a) + len(old_a) + len(writes.events)
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
         try:
-            changes = 0
             before = db.total_changes
-            fresh_b = [(k, b) for k, b in writes.buckets.items() if b.version == 1]
-            old_b = [(k, b) for k, b in writes.buckets.items() if b.version > 1]
             db.executemany(
-                "INSERT INTO buckets (key, count, amount, version, period_end, expires_at,"
-                " born) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(k, b.count, b.amount, 1, b.period_end, b.expires_at, b.born) for k, b in fresh_b],
+                "INSERT INTO buckets (key, count, amount, period_end, expires_at, born, version)"
+                " VALUES (?, ?, ?, ?, ?, ?, 1)",
+                fresh_b,
             )
             db.executemany(
                 "UPDATE buckets SET count=?, amount=?, version=?, period_end=?, expires_at=?,"
                 " born=? WHERE key=? AND version=? AND expires_at IS ?",
-                [
-                    (
-                        b.count,
-                        b.amount,
-                        b.version,
-                        b.period_end,
-                        b.expires_at,
-                        b.born,
-                        k,
-                        b.version - 1,
-                        expected.buckets[k],
-                    )
-                    for k, b in old_b
-                ],
+                old_b,
             )
-            changes += len(fresh_b) + len(old_b)
-            fresh_a = [(k, a) for k, a in writes.accounts.items() if a.version == 1]
-            old_a = [(k, a) for k, a in writes.accounts.items() if a.version > 1]
-            db.executemany(
-                "INSERT INTO accounts VALUES (?, ?, 1)", [(k, a.seq) for k, a in fresh_a]
-            )
-            db.executemany(
-                "UPDATE accounts SET seq=?, version=? WHERE id=? AND version=?",
-                [(a.seq, a.version, k, a.version - 1) for k, a in old_a],
-            )
-            changes += len(fresh_a) + len(old_a)
-            rows = [
-                (
-                    r.fingerprint,
-                    r.account_id,
-                    r.type.value,
-                    int(r.accepted),
-                    r.seq,
-                    pack_verdict(r.verdict),
-                    r.amount,
-                    r.currency,
-                    r.reversed,
-                    _encode_keys(r.buckets),
-                    r.occurred,
-                    r.version,
-                    r.expires_at,
-                    _keys_encoder.encode(r.born).decode() if r.born else None,
-                    k,
-                )
-                for k, r in writes.events.items()
-            ]
-            fresh_e = [row for row in rows if row[11] == 1]
+            db.executemany("INSERT INTO accounts VALUES (?, ?, 1)", fresh_a)
+            db.executemany("UPDATE accounts SET seq=?, version=? WHERE id=? AND version=?", old_a)
             db.executemany(
                 "INSERT INTO events (fingerprint, account_id, type, accepted, seq, verdict,"
                 " amount, currency, reversed, buckets, occurred, version, expires_at, born,"
@@ -273,9 +285,8 @@ class SqliteStore(Store):
                 "UPDATE events SET fingerprint=?, account_id=?, type=?, accepted=?, seq=?,"
                 " verdict=?, amount=?, currency=?, reversed=?, buckets=?, occurred=?,"
                 " version=?, expires_at=?, born=? WHERE id=? AND version=? AND expires_at IS ?",
-                [(*row, row[11] - 1, expected.events[row[14]]) for row in rows if row[11] > 1],
+                old_e,
             )
-            changes += len(rows)
             if db.total_changes - before != changes:
                 raise ConflictError("a record changed since it was read")
             # twice the rows added: a round of the sweep outpaces a table's growth
