@@ -80,6 +80,15 @@ def _encode_keys(keys: tuple[str, ...]) -> str:
     return _keys_encoder.encode(keys).decode()
 
 
+_CHECKPOINT_PAGES: Final = 4000
+"""WAL pages after which a commit copies them into the database (SQLite's default is
+1,000). A replay's commit of 2,000 events dirties ~2,000 pages, most of them bucket
+pages that the next commits dirty again: with the default every commit checkpointed
+them all, and a checkpoint writes a page once however many commits changed it. At
+4,000 (a WAL of ~16 MiB and one commit, while the file is open) a 100,000-event replay
+wrote 19% fewer bytes (465 -> 378 MiB); 10,000 and 30,000 pages saved little more (349,
+330 MiB) for a larger WAL and longer checkpoints, which hold up the committing process.
+Durability is the WAL's, fsynced at every commit, whatever this is."""
 _OPEN_TIMEOUT = 30.0
 """Seconds to wait for another process holding the file's lock at open."""
 LOCK_WAIT = 30.0
@@ -343,6 +352,7 @@ def _open(path: str) -> sqlite3.Connection:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA cache_size=-65536")
+            db.execute(f"PRAGMA wal_autocheckpoint={_CHECKPOINT_PAGES}")
         except sqlite3.Error as exc:
             if db is not None:
                 db.close()
