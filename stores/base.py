@@ -86,11 +86,6 @@ class Expected:
     events: dict[str, int | None]
 
 
-def _born(writes: Writes, key: str) -> int:
-    bucket = writes.buckets.get(key)
-    return 0 if bucket is None else bucket.born
-
-
 class Store(abc.ABC):
     """Versioned records for buckets, account sequences and idempotency records."""
 
@@ -149,20 +144,26 @@ class Store(abc.ABC):
             events={key: record.expires_at for key, record in writes.events.items()},
         )
         now = int(self._clock())
-        for bucket in writes.buckets.values():
-            bucket.expires_at = (
-                None
-                if bucket.period_end is None
-                else min(max(bucket.period_end, now) + self.retention.bucket_seconds, LATEST_EXPIRY)
-            )
+        # per record, on every commit: plain comparisons cost less than min() and max()
+        bucket_seconds, event_seconds = self.retention.bucket_seconds, self.retention.event_seconds
+        buckets = writes.buckets
+        for bucket in buckets.values():
+            period_end = bucket.period_end
+            if period_end is None:
+                bucket.expires_at = None
+            else:
+                expires_at = (period_end if period_end > now else now) + bucket_seconds
+                bucket.expires_at = expires_at if expires_at < LATEST_EXPIRY else LATEST_EXPIRY
             if not bucket.born:  # a new life: new, expired when read, or stored before
                 bucket.born = now
         for record in writes.events.values():
-            record.expires_at = min(
-                max(record.occurred, now) + self.retention.event_seconds, LATEST_EXPIRY
-            )
+            occurred = record.occurred
+            expires_at = (occurred if occurred > now else now) + event_seconds
+            record.expires_at = expires_at if expires_at < LATEST_EXPIRY else LATEST_EXPIRY
             if record.born is None:  # a new payment: its buckets are in this commit
-                record.born = tuple(_born(writes, key) for key in record.buckets)
+                record.born = tuple(
+                    [0 if (b := buckets.get(key)) is None else b.born for key in record.buckets]
+                )
         await self._write(writes, expected)
 
     async def init(self) -> None:
