@@ -74,8 +74,8 @@ async def run(lines: list[bytes], path: str) -> tuple[_Clock, _Clock, float, flo
     store = SqliteStore(path)
     await store.init()
     loads, commits = _Clock(), _Clock()
-    store.load = loads.wrap(store.load)  # type: ignore[method-assign]
-    store.commit = commits.wrap(store.commit)  # type: ignore[method-assign]
+    store.load = loads.wrap(store.load)  # type: ignore[method-assign,assignment]
+    store.commit = commits.wrap(store.commit)  # type: ignore[method-assign,assignment]
     engine = Engine(Decider(load_rules(str(RULES))), store)
     records = [Record(line, {"line": n}) for n, line in enumerate(lines, start=1)]
     cpu, wall = time.thread_time(), time.perf_counter()

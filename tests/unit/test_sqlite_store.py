@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+from collections.abc import Callable
 from contextlib import closing
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
+import pytest
+
 from handlers.decide import Decider, OutcomeKind
-from handlers.state import EventRecord, Keys, Writes
+from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
+from limitflow.errors import ConflictError
 from schemas.events import EventType, parse_event
 from schemas.rules import load_rules, parse_rules
 from schemas.verdicts import Decision
@@ -219,5 +223,116 @@ async def test_expired_rows_are_deleted_as_commits_go_and_decisions_do_not_chang
         # only expired on read: deletion changes no decision
         (again,) = await engine.process([old[0]])
         assert again.kind is OutcomeKind.VERDICT
+    finally:
+        await store.close()
+
+
+def _as_tuples(snapshot: Snapshot) -> tuple[dict[str, tuple[object, ...]], ...]:
+    """Every field of every record of ``snapshot``, to compare two reads."""
+
+    def fields(record: Bucket | Account | EventRecord) -> tuple[object, ...]:
+        return tuple(getattr(record, name) for name in record.__slots__)
+
+    return tuple(
+        {key: fields(record) for key, record in table.items()}
+        for table in (snapshot.buckets, snapshot.accounts, snapshot.events)
+    )
+
+
+async def test_commits_and_reads_larger_than_a_chunk_are_whole_and_refused_whole(
+    tmp_path: Path,
+) -> None:
+    # reads go by chunks of 500 keys, in key order, and a commit makes every statement's
+    # parameters before it takes the lock: neither may lose, add or mix up a record,
+    # and one stale record among a thousand still refuses all of them
+    store = SqliteStore(str(tmp_path / "big.db"), clock=lambda: 1_900_000_000.0)
+    await store.init()
+    n = 1_234
+    bucket_keys = [f"r|2030-03-17|acct-{i}" for i in range(n)]
+    account_keys = [f"acct-{i}" for i in range(n // 2)]
+    event_keys = [f"evt-{i}" for i in range(n // 3)]
+
+    def event(i: int) -> EventRecord:
+        verdict = b'{"event_id":"evt-%d","decision":"accept","limits":[]}' % i
+        keys = (bucket_keys[i], bucket_keys[i + 1])
+        return EventRecord("f", f"acct-{i}", EventType.PAYMENT, True, i, verdict, 100 + i,
+                           "CNY", 0, keys, 1_900_000_000 + i, version=1, born=None)  # fmt: skip
+
+    try:
+        await store.commit(
+            Writes(
+                buckets={
+                    key: Bucket(1, i, version=1, period_end=1_900_086_400)
+                    for i, key in enumerate(bucket_keys)
+                },
+                accounts={key: Account(seq=i, version=1) for i, key in enumerate(account_keys)},
+                events={key: event(i) for i, key in enumerate(event_keys)},
+            )
+        )
+        absent = {f"nope-{i}" for i in range(300)}
+        everything = Keys(
+            buckets=set(bucket_keys) | absent,
+            accounts=set(account_keys) | absent,
+            events=set(event_keys) | absent,
+        )
+        first = await store.load(everything)
+        assert store.round_trips == 1 + 4 + 2 + 2  # the commit, then 1,534, 917, 711 keys
+        assert (len(first.buckets), len(first.accounts), len(first.events)) == (
+            n,
+            n // 2,
+            n // 3,
+        )
+        for i, key in enumerate(bucket_keys):
+            bucket = first.buckets[key]
+            assert (bucket.count, bucket.amount, bucket.version) == (1, i, 1)
+            assert bucket.born == 1_900_000_000
+        for i, key in enumerate(account_keys):
+            assert (first.accounts[key].seq, first.accounts[key].version) == (i, 1)
+        for i, key in enumerate(event_keys):
+            got, want = first.events[key], event(i)
+            assert (got.verdict, got.seq, got.amount, got.buckets, got.occurred) == (
+                want.verdict,
+                want.seq,
+                want.amount,
+                want.buckets,
+                want.occurred,
+            )
+            assert got.born == (1_900_000_000, 1_900_000_000)
+
+        def updated(snapshot: Snapshot, stale: Callable[[Writes], None] | None = None) -> Writes:
+            writes = Writes(
+                buckets={k: b.copy() for k, b in snapshot.buckets.items()},
+                accounts={k: a.copy() for k, a in snapshot.accounts.items()},
+                events={k: r.copy() for k, r in snapshot.events.items()},
+            )
+            for bucket in writes.buckets.values():
+                bucket.count, bucket.version = bucket.count + 1, bucket.version + 1
+            for account in writes.accounts.values():
+                account.seq, account.version = account.seq + 1, account.version + 1
+            for record in writes.events.values():
+                record.reversed, record.version = 1, record.version + 1
+            if stale is not None:
+                stale(writes)
+            return writes
+
+        def stale_bucket(writes: Writes) -> None:
+            writes.buckets[bucket_keys[n - 1]].version = 1  # as if it were read at 0
+
+        def stale_account(writes: Writes) -> None:
+            writes.accounts[account_keys[0]].version = 3  # as if read at version 2
+
+        def stale_event(writes: Writes) -> None:
+            writes.events[event_keys[200]].expires_at = 1  # another life of the record
+
+        for stale in (stale_bucket, stale_account, stale_event):
+            with pytest.raises(ConflictError):
+                await store.commit(updated(await store.load(everything), stale))
+            assert _as_tuples(await store.load(everything)) == _as_tuples(first)
+        await store.commit(updated(await store.load(everything)))
+        after = await store.load(everything)
+        assert {b.version for b in after.buckets.values()} == {2}
+        assert {b.count for b in after.buckets.values()} == {2}
+        assert {a.version for a in after.accounts.values()} == {2}
+        assert {(r.version, r.reversed) for r in after.events.values()} == {(2, 1)}
     finally:
         await store.close()
