@@ -18,6 +18,7 @@ import msgspec
 
 from limitflow.errors import LimitflowError
 from schemas.amounts import (
+    MAX_MINOR,
     AmountError,
     exact_text,
     to_decimal,
@@ -250,6 +251,15 @@ def parse_event(raw: bytes | str) -> Event:
 
 def event_from_dict(doc: dict[str, Any]) -> Event:
     """Validate an already-decoded event object (numbers as Decimal, not float)."""
+    event = _common_event(doc)
+    if event is None:
+        event = _checked_event(doc)
+    return event
+
+
+def _checked_event(doc: dict[str, Any]) -> Event:
+    """``event_from_dict`` for any object: every check, every rejection and its words.
+    ``_common_event`` must agree with it on whatever that one takes."""
     event_id = _id(doc, "event_id")
     account_id = _id(doc, "account_id")
     assert event_id is not None and account_id is not None
@@ -343,7 +353,126 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
 
 
 def _fingerprint(*canonical: Any) -> str:
-    return hashlib.blake2b(_fingerprint_encoder.encode(canonical), digest_size=16).hexdigest()
+    digest = _BLAKE2B_16.copy()  # cheaper than building one: no parameter block to parse
+    digest.update(_fingerprint_encoder.encode(canonical))
+    return digest.hexdigest()
+
+
+_BLAKE2B_16: Final = hashlib.blake2b(digest_size=16)
+"""An empty 16-byte BLAKE2b, copied for each fingerprint; never updated itself."""
+
+_TYPES: Final = {"payment": EventType.PAYMENT, "reversal": EventType.REVERSAL}
+_COMMON_TIME: Final = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-5][0-9](?:\.[0-9]+)?"
+    r"(?:Z|[+-][0-9]{2}:[0-9]{2})"
+)
+"""The part of ``_RFC3339`` that ``_timestamp`` hands to fromisoformat as it is: an offset
+present, no lower-case "z" to rewrite, no second 60 (a leap second)."""
+_PLAIN_EXTRAS: Final = (str, bool, type(None))
+
+
+def _common_event(doc: dict[str, Any]) -> Event | None:
+    """``_checked_event(doc)`` for the usual valid event, in fewer steps; None for anything
+    else (it then decides, and words any rejection): a string amount in a currency, or a
+    reversal with neither, an RFC 3339 time with an upper-case Z or an offset, and extra
+    fields that are strings, booleans, nulls or integers of under 19 digits. Never raises.
+
+    It takes the same steps as ``_checked_event`` on those, minus what cannot happen to
+    them; tests/unit/test_events_fast.py feeds both the same tricky objects."""
+    event_id = doc.get("event_id")
+    account_id = doc.get("account_id")
+    if (
+        type(event_id) is not str
+        or type(account_id) is not str
+        or not 1 <= len(event_id) <= MAX_ID_CHARS
+        or not 1 <= len(account_id) <= MAX_ID_CHARS
+    ):
+        return None
+    kind_text = doc.get("type", "payment")
+    kind = _TYPES.get(kind_text) if type(kind_text) is str else None
+    if kind is None:
+        return None
+    value = doc.get("occurred_at")
+    if type(value) is not str or len(value) > 64 or _COMMON_TIME.fullmatch(value) is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    micros = (moment - _EPOCH) // _MICROSECOND
+    if not _FIRST_MICROS <= micros < _END_MICROS:
+        return None
+
+    original = doc.get("original_event_id")  # on a payment too: a changed resend differs
+    if original is not None and (
+        type(original) is not str or not 1 <= len(original) <= MAX_ID_CHARS
+    ):
+        return None
+    currency = doc.get("currency")
+    raw_amount = doc.get("amount")
+    if kind is EventType.PAYMENT:
+        original_event_id = None
+    elif original is None:
+        return None
+    else:
+        original_event_id = original
+    if currency is None:
+        if raw_amount is not None or kind is EventType.PAYMENT:
+            return None
+        amount = None
+    elif type(currency) is not str or type(raw_amount) is not str:
+        return None
+    else:
+        exponent = MINOR_UNITS.get(currency)
+        if exponent is None:
+            return None
+        # to_minor's own fast path, on the same form: ASCII digits, an optional fraction
+        whole, dot, fraction = raw_amount.partition(".")
+        if (
+            not raw_amount.isascii()
+            or not 1 <= len(whole) <= 30
+            or not whole.isdigit()
+            or (dot and (not 1 <= len(fraction) <= 30 or not fraction.isdigit()))
+        ):
+            return None
+        fraction = fraction.rstrip("0")
+        if len(fraction) > exponent:
+            return None
+        amount = int(whole) * 10**exponent + int(fraction.ljust(exponent, "0") or "0")
+        if not 0 < amount <= MAX_MINOR:
+            return None
+
+    for item in doc.values():  # the core fields here are strings or nulls too
+        if type(item) not in _PLAIN_EXTRAS and not (
+            type(item) is int and -_LONGEST_INT < item < _LONGEST_INT
+        ):
+            return None  # numbers to compare by value, or containers to measure
+    extras = doc.copy()
+    del extras["event_id"], extras["account_id"], extras["occurred_at"]
+    extras.pop("type", None)
+    extras.pop("amount", None)
+    extras.pop("currency", None)
+    extras.pop("original_event_id", None)
+    digest = _BLAKE2B_16.copy()
+    digest.update(
+        _fingerprint_encoder.encode(
+            (event_id, kind_text, account_id, amount, currency, micros, original, extras)
+        )
+    )
+    return Event(
+        event_id,
+        kind,
+        account_id,
+        amount,
+        None,
+        currency,
+        value,
+        micros // 1_000_000,
+        original_event_id,
+        doc,
+        digest.hexdigest(),
+        None,
+    )
 
 
 _PLAIN_TYPES: Final = (str, bool, type(None))
