@@ -113,16 +113,10 @@ async def replay(
             stop.deciding = True
             results = await engine.process(batch)
             if verdicts is dead_letters:
-                _write(
-                    verdicts,
-                    b"".join(_verdict_line(r, summary) + _dead_line(r, summary) for r in results),
-                    "output",
-                )
+                _write(verdicts, _lines(results, summary, verdicts=True, dead=True), "output")
             else:
-                _write(verdicts, b"".join(_verdict_line(r, summary) for r in results), "output")
-                _write(
-                    dead_letters, b"".join(_dead_line(r, summary) for r in results), "dead-letter"
-                )
+                _write(verdicts, _lines(results, summary, verdicts=True), "output")
+                _write(dead_letters, _lines(results, summary, dead=True), "dead-letter")
             summary.lines += len(batch)
             summary.seconds = time.perf_counter() - started
             stop.deciding = False
@@ -176,26 +170,41 @@ def _write(stream: BinaryIO, data: bytes, output: str) -> None:
         raise WriteFailed(output, exc) from exc
 
 
-def _verdict_line(result: Result, summary: ReplaySummary) -> bytes:
-    if result.kind is OutcomeKind.DEAD_LETTER:
+def _lines(
+    results: list[Result], summary: ReplaySummary, *, verdicts: bool = False, dead: bool = False
+) -> bytes:
+    """The lines of ``results`` that are verdicts and/or dead letters, each ended by a
+    newline, in input order, counted into ``summary``; b"" for none. Joined once, not
+    copied once more per line to end it."""
+    lines: list[bytes] = []
+    add = lines.append
+    accepted = rejected = duplicates = dead_letters = 0
+    for result in results:
+        kind = result.kind
+        if kind is OutcomeKind.DEAD_LETTER:
+            if dead:
+                dead_letters += 1
+                assert result.error is not None and result.detail is not None
+                record = result.record
+                letter = dead_letter(
+                    result.error, result.detail, record.raw, record.source, result.event_id
+                )
+                add(verdict_encoder.encode(letter))
+        elif verdicts:
+            if kind is OutcomeKind.DUPLICATE:
+                duplicates += 1
+            elif result.decision == "accept":
+                accepted += 1
+            else:
+                rejected += 1
+            assert result.verdict is not None
+            add(result.verdict)
+    summary.verdicts += accepted + rejected + duplicates
+    summary.duplicates += duplicates
+    summary.accepted += accepted
+    summary.rejected += rejected
+    summary.dead_letters += dead_letters
+    if not lines:
         return b""
-    summary.verdicts += 1
-    if result.kind is OutcomeKind.DUPLICATE:
-        summary.duplicates += 1
-    elif result.decision == "accept":
-        summary.accepted += 1
-    else:
-        summary.rejected += 1
-    assert result.verdict is not None
-    return result.verdict + b"\n"
-
-
-def _dead_line(result: Result, summary: ReplaySummary) -> bytes:
-    if result.kind is not OutcomeKind.DEAD_LETTER:
-        return b""
-    summary.dead_letters += 1
-    assert result.error is not None and result.detail is not None
-    letter = dead_letter(
-        result.error, result.detail, result.record.raw, result.record.source, result.event_id
-    )
-    return verdict_encoder.encode(letter) + b"\n"
+    add(b"")  # for the last line's newline
+    return b"\n".join(lines)
