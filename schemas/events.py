@@ -362,6 +362,9 @@ _BLAKE2B_16: Final = hashlib.blake2b(digest_size=16)
 """An empty 16-byte BLAKE2b, copied for each fingerprint; never updated itself."""
 
 _TYPES: Final = {"payment": EventType.PAYMENT, "reversal": EventType.REVERSAL}
+_PAYMENT: Final = EventType.PAYMENT
+"""A module constant: ``EventType.PAYMENT`` looks the member up on the enum's class each
+time (~0.1 us)."""
 _COMMON_TIME: Final = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-5][0-9](?:\.[0-9]+)?"
     r"(?:Z|[+-][0-9]{2}:[0-9]{2})"
@@ -410,14 +413,14 @@ def _common_event(doc: dict[str, Any]) -> Event | None:
         return None
     currency = doc.get("currency")
     raw_amount = doc.get("amount")
-    if kind is EventType.PAYMENT:
+    if kind is _PAYMENT:
         original_event_id = None
     elif original is None:
         return None
     else:
         original_event_id = original
     if currency is None:
-        if raw_amount is not None or kind is EventType.PAYMENT:
+        if raw_amount is not None or kind is _PAYMENT:
             return None
         amount = None
     elif type(currency) is not str or type(raw_amount) is not str:
@@ -438,21 +441,23 @@ def _common_event(doc: dict[str, Any]) -> Event | None:
         fraction = fraction.rstrip("0")
         if len(fraction) > exponent:
             return None
-        amount = int(whole) * 10**exponent + int(fraction.ljust(exponent, "0") or "0")
+        # whole * 10**exponent + the fraction in minor units, as one int() of the digits
+        amount = int(whole + fraction.ljust(exponent, "0"))
         if not 0 < amount <= MAX_MINOR:
             return None
 
-    for item in doc.values():  # the core fields here are strings or nulls too
-        if type(item) not in _PLAIN_EXTRAS and not (
-            type(item) is int and -_LONGEST_INT < item < _LONGEST_INT
-        ):
-            return None  # numbers to compare by value, or containers to measure
     extras = doc.copy()
     del extras["event_id"], extras["account_id"], extras["occurred_at"]
     extras.pop("type", None)
     extras.pop("amount", None)
     extras.pop("currency", None)
     extras.pop("original_event_id", None)
+    for item in extras.values():
+        if type(item) is not str and (
+            type(item) not in _PLAIN_EXTRAS
+            and not (type(item) is int and -_LONGEST_INT < item < _LONGEST_INT)
+        ):
+            return None  # numbers to compare by value, or containers to measure
     digest = _BLAKE2B_16.copy()
     digest.update(
         _fingerprint_encoder.encode(
