@@ -2,11 +2,12 @@
 
     python -m benchmarks.core_parts [--events 100000]
 
-Decides the same parsed events three times on one core, best of five runs each:
-whole; with the verdict's JSON encoding replaced by a constant; and with, in addition,
-the explanation of every applicable rule (``limits``) skipped. The last two are not
-limitflow (their verdicts are wrong); they bound what any speed-up of those parts
-could give. Not a test.
+Decides the same parsed events three times on one core, best of five runs each, on the
+Python path (``Decider(compiled=False)``: the compiled payment path writes its verdicts
+in C, out of reach of these patches): whole; with the verdict's JSON encoding replaced
+by a constant; and with, in addition, the explanation of every applicable rule
+(``limits``) skipped. The last two are not limitflow (their verdicts are wrong); they
+bound what any speed-up of those parts could give. Not a test.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _without(encoding: bool, explanation: bool) -> Iterator[None]:
 def _rate(parsed: list[Event]) -> float:
     best = 0.0
     for _ in range(5):
-        decider = decide.Decider(load_rules(str(RULES)))
+        decider = decide.Decider(load_rules(str(RULES)), compiled=False)
         state = WorkingState(Snapshot())
         started = time.perf_counter()
         for event in parsed:

@@ -3,7 +3,8 @@
     python -m benchmarks.replay                 # 200,000 events, then a 1,000,000-event memory run
     python -m benchmarks.replay --events 50000 --memory-events 0
 
-Prints decisions/s of the core alone (parsed events, plan + decide, no store), events/s
+Prints decisions/s of the core alone (parsed events, plan + decide, no store; on the
+compiled payment path, then on the Python path alone, as without a C compiler), events/s
 of ``limitflow replay`` with ``memory://`` and ``sqlite://`` (whole command, as a user
 runs it: process start, parsing, store, writing both outputs) and the peak RSS of a
 replay of ``--memory-events`` events. Not a test: figures vary with the machine's load.
@@ -30,15 +31,16 @@ ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "examples" / "rules.yaml"
 
 
-def core(lines: list[bytes]) -> tuple[float, float]:
-    """(decisions/s of plan+decide, events/s of parse alone) on one core."""
+def core(lines: list[bytes], *, compiled: bool = True) -> tuple[float, float]:
+    """(decisions/s of plan+decide, events/s of parse alone) on one core; ``compiled``:
+    on the compiled payment path, else on the Python path alone."""
     started = time.perf_counter()
     parsed = []
     for line in lines:
         with contextlib.suppress(EventRejected):  # the generator makes valid events
             parsed.append(parse_event(line))
     parse_rate = len(lines) / (time.perf_counter() - started)
-    decider = Decider(load_rules(str(RULES)))
+    decider = Decider(load_rules(str(RULES)), compiled=compiled)
     state = WorkingState(Snapshot())
     started = time.perf_counter()
     for event in parsed:
@@ -83,8 +85,10 @@ def main() -> None:
         path = Path(tmp) / "events.jsonl"
         path.write_bytes(b"\n".join(lines) + b"\n")
         decisions, parses = core(lines)
+        python_only, _ = core(lines, compiled=False)
         print(f"events: {args.events:,}, rules: {RULES.name} (6 rules), cpu: {os.cpu_count()}")
         print(f"core (plan + decide, no I/O)     {decisions:>10,.0f} decisions/s")
+        print(f"core, Python path alone          {python_only:>10,.0f} decisions/s")
         print(f"parse + validate                 {parses:>10,.0f} events/s")
         for name, store in (
             ("memory://", "memory://"),
