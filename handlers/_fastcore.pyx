@@ -277,7 +277,8 @@ cdef class _Rule:
 
 cdef class FastCore:
     """``Decider.plan`` and ``Decider.decide`` for one rule set, compiled where they can
-    be, the Python path's (``python_decide``, ``python_payment``) elsewhere.
+    be, the Python path's (``python_plan``, ``python_decide``, ``python_payment``)
+    elsewhere.
 
     Like the ``WorkingState`` it changes, not for several threads at once: it keeps the
     buffers of the verdict being written from one payment to the next."""
@@ -295,6 +296,7 @@ cdef class FastCore:
     cdef object escape
     cdef Py_ssize_t short_key
     cdef long long ceiling
+    cdef object python_plan
     cdef object python_decide
     cdef object python_payment
     cdef _Out head
@@ -309,7 +311,7 @@ cdef class FastCore:
         free(self.minutes)
 
     def __init__(self, compiled_rules, version, applied_type, outcome_type, verdict_kind,
-                 escape, short_key, ceiling, python_decide, python_payment):
+                 escape, short_key, ceiling, python_plan, python_decide, python_payment):
         cdef Py_ssize_t i
         self.clocks = []
         rules = []
@@ -335,6 +337,7 @@ cdef class FastCore:
         self.escape = escape
         self.short_key = short_key
         self.ceiling = ceiling
+        self.python_plan = python_plan
         self.python_decide = python_decide
         self.python_payment = python_payment
         self.head, self.violations, self.limits = _Out(), _Out(), _Out()
@@ -364,8 +367,16 @@ cdef class FastCore:
         return found
 
     def plan(self, event):
-        """``Decider.plan`` of a payment whose scope and match values are strings and
-        whose keys are short; None for anything else (the Python path plans it)."""
+        """``Decider.plan``: here for a payment whose scope and match values are strings
+        and whose keys are short, by the Python path for anything else."""
+        if event.type is not _PAYMENT:
+            return ()
+        applied = self._plan(event)
+        return self.python_plan(event) if applied is None else applied
+
+    cdef object _plan(self, event):
+        """The applied rules of a payment; None, for the Python path, when a scope or
+        match value is not a string or a key is long."""
         cdef dict fields = event.fields
         cdef list applied = []
         cdef _Rule r
@@ -374,8 +385,6 @@ cdef class FastCore:
         cdef tuple entry
         cdef list parts
         cdef bint skip
-        if event.type is not _PAYMENT:
-            return ()
         epoch = event.epoch
         for r in self._candidates(event.currency):
             if r.simple_scope is not None:

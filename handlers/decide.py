@@ -181,6 +181,7 @@ class Decider:
                 escape,
                 _SHORT_KEY,
                 AMOUNT_CEILING,
+                self._plan,
                 self._decide,
                 self._payment,
             )
@@ -189,6 +190,10 @@ class Decider:
         )
         """The compiled payment path, when the extension is built and ``compiled``; it
         hands anything unusual back to the Python path, which decides it the same way."""
+        if self._fast is not None:
+            # the compiled methods themselves, with no Python frame per event before them
+            self.plan = self._fast.plan  # type: ignore[method-assign]
+            self.decide = self._fast.decide  # type: ignore[method-assign]
 
     @property
     def compiled(self) -> bool:
@@ -201,14 +206,11 @@ class Decider:
         """The rules that apply to a payment, with its bucket for each.
 
         Raises ``EventRejected`` when a field a rule scopes by is not a scalar, or makes
-        the bucket key longer than ``MAX_KEY_BYTES``.
+        the bucket key longer than ``MAX_KEY_BYTES``. (On the compiled path an instance's
+        ``plan`` is ``FastCore.plan``, which hands what it does not take to ``_plan``.)
         """
         if event.type is not EventType.PAYMENT:
             return _EMPTY
-        if self._fast is not None:
-            fast: tuple[Applied, ...] | None = self._fast.plan(event)
-            if fast is not None:
-                return fast
         fields = event.fields
         applied: list[Applied] = []
         candidates = self._by_currency.get(event.currency or "")
@@ -257,6 +259,9 @@ class Decider:
                 applied.append(_new_tuple(Applied, (c, period, key, end)))
         return tuple(applied)
 
+    _plan = plan
+    """The Python path's ``plan``, also where an instance's ``plan`` is the compiled one."""
+
     @staticmethod
     def keys(events: Sequence[Event], plans: Sequence[tuple[Applied, ...]]) -> Keys:
         """Every record the events need, except the buckets of reversed originals."""
@@ -295,14 +300,9 @@ class Decider:
     # -- deciding -------------------------------------------------------------------------
 
     def decide(self, event: Event, applied: tuple[Applied, ...], state: WorkingState) -> Outcome:
-        """Decide one event, applying its effects to ``state``."""
-        if self._fast is not None:
-            outcome: Outcome = self._fast.decide(event, applied, state)
-            return outcome
-        return self._decide(event, applied, state)
-
-    def _decide(self, event: Event, applied: tuple[Applied, ...], state: WorkingState) -> Outcome:
-        """``decide``, all in Python."""
+        """Decide one event, applying its effects to ``state``. (On the compiled path an
+        instance's ``decide`` is ``FastCore.decide``, which hands what it does not take to
+        ``_decide`` or ``_payment``.)"""
         seen = state.event(event.event_id)
         if seen is not None:
             if seen.fingerprint in (event.fingerprint, event.legacy_fingerprint):
@@ -319,6 +319,9 @@ class Decider:
         if event.type is EventType.PAYMENT:
             return self._payment(event, applied, state)
         return self._reversal(event, state)
+
+    _decide = decide
+    """The Python path's ``decide``, also where an instance's ``decide`` is the compiled one."""
 
     def _payment(self, event: Event, applied: tuple[Applied, ...], state: WorkingState) -> Outcome:
         amount = event.amount

@@ -86,6 +86,7 @@ def test_the_compiled_path_is_taken_for_ordinary_payments() -> None:
         decide.AMOUNT_CEILING,
         python_path,
         python_path,
+        python_path,
     )
     state, expected = WorkingState(Snapshot()), WorkingState(Snapshot())
     for line in generated(300, accounts=20):
@@ -93,7 +94,6 @@ def test_the_compiled_path_is_taken_for_ordinary_payments() -> None:
         if event.type.value != "payment" or event.event_id in state.snapshot.events:
             continue
         plan = fast.plan(event)
-        assert plan is not None
         assert fast.decide(event, plan, state) == python.decide(event, plan, expected)
     assert state.snapshot == expected.snapshot
 
