@@ -581,8 +581,8 @@ cdef class FastCore:
             out.put(b',"type":"payment","decision":"reject","reason":"limit_exceeded","seq":')
         if type(seq) is int and 0 <= seq < _SMALL:
             out.integer(seq)
-        else:
-            out.put(str(seq).encode())
+        else:  # what a damaged store may hold: as msgspec writes it (inf as null, …)
+            out.put(_json_text(seq))
         out.put(b',"violations":[')
         out.extend(self.violations)
         out.put(b'],"occurred_at":')

@@ -7,13 +7,14 @@ import json
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.generate import events as generated
 from handlers import decide
 from handlers.decide import Decider
-from handlers.state import Bucket, Snapshot, WorkingState
+from handlers.state import Account, Bucket, Snapshot, WorkingState
 from schemas.events import EventRejected, parse_event
 from schemas.rules import RuleSet, parse_rules
 from tests.unit.test_decide import RULES
@@ -221,6 +222,17 @@ def test_buckets_near_the_integer_limits_are_decided_alike(count: int, amount: i
         if applied.key is not None:
             snapshot.buckets[applied.key] = Bucket(count, amount, 3, None, None, 0)
     assert_same(rules, [line], snapshot)
+
+
+@pytest.mark.parametrize("seq", [1.5e20, float("inf"), 2.5, 2**64, -(2**64)])  # NaN != NaN
+def test_an_account_sequence_a_damaged_store_returns_is_written_alike(seq: object) -> None:
+    """A sqlite file edited by hand may hold a REAL in the INTEGER column."""
+    rules = parse_rules(RULES)
+    line = (
+        '{"event_id":"e","account_id":"a1","amount":"5","currency":"CNY",'
+        '"occurred_at":"2026-03-14T10:00:00+08:00"}'
+    )
+    assert_same(rules, [line], Snapshot(accounts={"a1": Account(seq, 3)}))  # type: ignore[arg-type]
 
 
 def test_an_expired_record_is_replaced_under_its_version_alike() -> None:
