@@ -15,7 +15,7 @@ import pytest
 
 from handlers.decide import Decider, OutcomeKind
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
-from limitflow.errors import ConflictError
+from limitflow.errors import ConflictError, StoreRejected
 from schemas.events import EventType, parse_event
 from schemas.rules import load_rules, parse_rules
 from schemas.verdicts import Decision
@@ -70,6 +70,24 @@ CREATE TABLE events (
     version INTEGER NOT NULL, expires_at INTEGER
 ) WITHOUT ROWID;
 """
+
+
+@pytest.mark.parametrize("seq", ["1.5e20", "'inf'", "2.5", "'seven'"])
+async def test_an_account_sequence_that_is_not_an_integer_is_refused(
+    tmp_path: Path, seq: str
+) -> None:
+    """SQLite keeps what does not fit an INTEGER column as it is: a file edited by hand
+    must not put 1.5e20 or inf into verdicts."""
+    path = str(tmp_path / "edited.db")
+    store = SqliteStore(path)
+    await store.init()
+    try:
+        with closing(sqlite3.connect(path, isolation_level=None)) as db:
+            db.execute(f"INSERT INTO accounts VALUES ('a1', {seq}, 3)")
+        with pytest.raises(StoreRejected, match="account 'a1'"):
+            await store.load(Keys(accounts={"a1"}))
+    finally:
+        await store.close()
 
 
 async def test_a_file_made_before_verdicts_were_compressed_reads_and_writes(
