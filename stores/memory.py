@@ -25,6 +25,7 @@ from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError
 from schemas.events import EventType
 from stores.base import Expected, Retention, Store
+from stores.verdict_codec import VERDICT_WORDS
 
 
 class MemoryStore(Store):
@@ -82,7 +83,7 @@ class MemoryStore(Store):
             data.accounts[key] = account.copy()  # the caller keeps changing its records
         for key, record in writes.events.items():
             if data.codec is None:
-                data.codec = Codec(_VERDICT_WORDS + record.verdict)
+                data.codec = Codec(VERDICT_WORDS + record.verdict)
             data.events[key] = data.codec.pack(record)
 
     async def _create(self) -> None:
@@ -102,15 +103,6 @@ class MemoryData:
     codec: Codec | None = None
     """Made from the first event record stored."""
 
-
-_VERDICT_WORDS = (
-    b'{"event_id":"","account_id":"","type":"reversal","decision":"reject","reason":'
-    b'"limit_exceeded","seq":,"violations":[{"rule_id":"","metric":"amount","period":"",'
-    b'"limit":"","used":""}],"occurred_at":"","amount":"","currency":"",'
-    b'"original_event_id":null,"rules_version":"","limits":[{"rule_id":"",'
-    b'"window":"transaction","period":"","count_used":,"count_limit":null,'
-    b'"count_remaining":null,"amount_used":null,"amount_limit":null,"amount_remaining":null}]}'
-)
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode

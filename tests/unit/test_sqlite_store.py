@@ -354,3 +354,58 @@ async def test_commits_and_reads_larger_than_a_chunk_are_whole_and_refused_whole
         assert {(r.version, r.reversed) for r in after.events.values()} == {(2, 1)}
     finally:
         await store.close()
+
+
+def _sample_records() -> list[Record]:
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    lines = (examples / "events.jsonl").read_bytes().splitlines()
+    return [Record(line, {"line": n}) for n, line in enumerate(lines, start=1) if line.strip()]
+
+
+async def test_verdicts_are_kept_against_the_files_dictionary_which_every_store_reads(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "dictionary.db")
+    rules = load_rules(str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"))
+    records = _sample_records()
+    first = SqliteStore(path)
+    await first.init()
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("DROP TABLE meta")  # as in a file made before it: the first commit adds it
+    second = SqliteStore(path)  # as another process sharing the file
+    try:
+        results = await Engine(Decider(rules), first).process(records)
+        verdicts = [r.verdict for r in results if r.verdict is not None]
+        assert len(verdicts) > 5
+        # the other store reads the dictionary from the file: the same bytes come back
+        again = await Engine(Decider(rules), second).process(records)
+        assert [r.verdict for r in again if r.verdict is not None] == verdicts
+        assert {r.kind for r in again if r.verdict is not None} == {OutcomeKind.DUPLICATE}
+        with closing(sqlite3.connect(path)) as db:
+            stored = [bytes(v) for (v,) in db.execute("SELECT verdict FROM events")]
+            dictionaries = db.execute("SELECT count(*) FROM meta").fetchone()[0]
+        assert dictionaries == 1
+        assert stored and all(v[:1] == b"\x01" for v in stored)
+        assert sum(map(len, stored)) < sum(map(len, verdicts)) / 4
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_verdict_whose_dictionary_is_gone_is_refused_not_misread(tmp_path: Path) -> None:
+    path = str(tmp_path / "lost.db")
+    rules = load_rules(str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"))
+    records = _sample_records()
+    store = SqliteStore(path)
+    await store.init()
+    await Engine(Decider(rules), store).process(records[:1])
+    await store.close()
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("DELETE FROM meta")
+        (event_id,) = db.execute("SELECT id FROM events").fetchone()
+    reader = SqliteStore(path)
+    try:
+        with pytest.raises(StoreRejected, match="dictionary"):
+            await reader.load(Keys(events={event_id}))
+    finally:
+        await reader.close()
