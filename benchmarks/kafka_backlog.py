@@ -85,7 +85,7 @@ STAGES = {
     "decide": "Decider.decide",
     "store: read": "Store.load",
     "store: commit": "Store.commit",
-    "  of which compressing stored verdicts": "pack_verdict",
+    "  of which compressing stored verdicts": "VerdictCodec.pack",
     "publish verdicts": "send_all",
     "poll records": "AIOKafkaConsumer.getmany",
 }
