@@ -84,6 +84,9 @@ class Expected:
 
     buckets: dict[str, int | None]
     events: dict[str, int | None]
+    written_at: int = 0
+    """The writer's clock (epoch s) when ``commit`` set the new expiries: none of them is
+    earlier than this plus the retention (0: not known)."""
 
 
 class Store(abc.ABC):
@@ -139,11 +142,12 @@ class Store(abc.ABC):
         """
         if not writes:
             return
+        now = int(self._clock())
         expected = Expected(
             buckets={key: bucket.expires_at for key, bucket in writes.buckets.items()},
             events={key: record.expires_at for key, record in writes.events.items()},
+            written_at=now,
         )
-        now = int(self._clock())
         # per record, on every commit: plain comparisons cost less than min() and max()
         bucket_seconds, event_seconds = self.retention.bucket_seconds, self.retention.event_seconds
         buckets = writes.buckets

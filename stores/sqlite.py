@@ -24,6 +24,14 @@ half the retention at a steady rate, so a file holds up to ~1.5 retentions of re
 Deleting a record only once past its ``expires_at`` is what TTL deletion does
 elsewhere, and the conditions on ``expires_at`` make it safe (see ``stores.base``); one
 may also delete expired rows by hand.
+
+No row expires before its writer's clock plus the retention, so each table has an
+expiry floor, kept in ``meta`` and lowered by every commit that writes an earlier one:
+while the clock is below a table's floor nothing in it can have expired, and commits
+sweep nothing there (a replay of recent events, a file's first retention). A file
+without floors gets them from a scan of each table at its first commit. A floor is
+never raised: once reached, every commit sweeps, as before (1.8% of a replay's
+instructions).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from stores.base import Expected, Retention, Store
+from stores.base import LATEST_EXPIRY, Expected, Retention, Store
 from stores.verdict_codec import (
     VerdictCodec,
     make_dictionary,
@@ -143,6 +151,8 @@ class SqliteStore(Store):
         self._db.execute(f"PRAGMA busy_timeout={int(lock_wait * 1000)}")
         self._swept = {"buckets": "", "events": ""}
         """Where each table's sweep is: the last key it looked at."""
+        self._has_meta = False
+        """Whether this store has seen the ``meta`` table in its file (it never goes)."""
         self._codec: VerdictCodec | None = None
         """Made from the file's dictionary, once it is known (see ``_verdict_codec``)."""
 
@@ -340,6 +350,8 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
         try:
+            if not self._has_meta:  # a file made before it: the floors are kept there
+                db.execute(_META_SCHEMA)
             before = db.total_changes
             db.executemany(
                 "INSERT INTO buckets (key, count, amount, period_end, expires_at, born, version)"
@@ -367,10 +379,23 @@ class SqliteStore(Store):
             )
             if db.total_changes - before != changes:
                 raise ConflictError("a record changed since it was read")
+            now = int(self._clock())
+            # no expiry written is earlier than this (0 + the retention when not known:
+            # a floor that low only means the sweeps run)
+            at, retention = expected.written_at, self.retention
+            buckets_floor = self._floor(
+                db, "buckets", at + retention.bucket_seconds if writes.buckets else None
+            )
+            events_floor = self._floor(
+                db, "events", at + retention.event_seconds if writes.events else None
+            )
             # twice the rows added: a round of the sweep outpaces a table's growth
-            self._sweep(db, "buckets", "key", 2 * len(fresh_b) + 100)
-            self._sweep(db, "events", "id", 2 * len(fresh_e) + 100)
+            if now >= buckets_floor:
+                self._sweep(db, "buckets", "key", 2 * len(fresh_b) + 100, now)
+            if now >= events_floor:
+                self._sweep(db, "events", "id", 2 * len(fresh_e) + 100, now)
             db.execute("COMMIT")
+            self._has_meta = True
         except sqlite3.IntegrityError as exc:
             db.execute("ROLLBACK")
             raise ConflictError("a record was created since it was read") from exc
@@ -382,9 +407,29 @@ class SqliteStore(Store):
                 db.execute("ROLLBACK")
             raise _translate(exc) from exc
 
-    def _sweep(self, db: sqlite3.Connection, table: str, key: str, rows: int) -> None:
+    def _floor(self, db: sqlite3.Connection, table: str, written: int | None) -> int:
+        """The expiry floor of ``table``: no row of it expires before. Lowered to
+        ``written`` (the earliest expiry this commit's rows may have), if lower.
+
+        Kept in ``meta`` by every commit, in its transaction; a file that has none gets
+        its table's earliest expiry (one scan of the table, once)."""
+        name = f"expiry_floor:{table}"
+        row = db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        floor = None if row is None else row[0]
+        if type(floor) is not int:  # none yet (or not a number: found again)
+            (floor,) = db.execute(f"SELECT min(expires_at) FROM {table}").fetchone()  # noqa: S608
+            if type(floor) is not int:  # no row expires (or none is a number)
+                floor = LATEST_EXPIRY
+            if written is not None and written < floor:
+                floor = written
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, floor))
+        elif written is not None and written < floor:
+            floor = written
+            db.execute("UPDATE meta SET value = ? WHERE name = ?", (floor, name))
+        return floor
+
+    def _sweep(self, db: sqlite3.Connection, table: str, key: str, rows: int, now: int) -> None:
         """Delete the expired rows among the next ``rows`` of ``table`` (by ``key``)."""
-        now = int(self._clock())
         start = self._swept[table]
         found = db.execute(
             f"SELECT {key} FROM {table} WHERE {key} > ?"  # noqa: S608 - fixed names

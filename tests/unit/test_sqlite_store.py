@@ -383,7 +383,9 @@ async def test_verdicts_are_kept_against_the_files_dictionary_which_every_store_
         assert {r.kind for r in again if r.verdict is not None} == {OutcomeKind.DUPLICATE}
         with closing(sqlite3.connect(path)) as db:
             stored = [bytes(v) for (v,) in db.execute("SELECT verdict FROM events")]
-            dictionaries = db.execute("SELECT count(*) FROM meta").fetchone()[0]
+            dictionaries = db.execute(
+                "SELECT count(*) FROM meta WHERE name = 'verdict_dictionary'"
+            ).fetchone()[0]
         assert dictionaries == 1
         assert stored and all(v[:1] == b"\x01" for v in stored)
         assert sum(map(len, stored)) < sum(map(len, verdicts)) / 4
@@ -409,3 +411,83 @@ async def test_a_verdict_whose_dictionary_is_gone_is_refused_not_misread(tmp_pat
             await reader.load(Keys(events={event_id}))
     finally:
         await reader.close()
+
+
+def _payment(event_id: str, day: str, minute: int = 0) -> Record:
+    doc = (
+        f'{{"event_id": "{event_id}", "account_id": "a1", "card_id": "c1",'
+        f' "merchant_id": "m1", "amount": "10.00", "currency": "CNY",'
+        f' "occurred_at": "{day}T10:{minute:02d}:00Z"}}'
+    )
+    return Record(doc.encode(), {"line": 1})
+
+
+def _floors(path: str) -> dict[str, int]:
+    with closing(sqlite3.connect(path)) as db:
+        rows = db.execute("SELECT name, value FROM meta WHERE name LIKE 'expiry_floor:%'")
+        return {name.split(":")[1]: value for name, value in rows}
+
+
+async def test_no_sweep_runs_while_nothing_can_have_expired(tmp_path: Path) -> None:
+    # a new file's rows cannot expire before their writer's clock plus the retention:
+    # until then a commit looks for no expired row (a replay of recent events never does)
+    now = [1_900_000_000.0]
+    path = str(tmp_path / "floor.db")
+    store = open_store(
+        f"sqlite:///{path}?bucket_retention_days=1&event_retention_days=2", clock=lambda: now[0]
+    )
+    assert isinstance(store, SqliteStore)
+    await store.init()
+    rules = load_rules(str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"))
+    engine = Engine(Decider(rules), store)
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+
+    def swept() -> set[str]:
+        found = {table for table in ("buckets", "events") for s in statements
+                 if s.startswith(f"DELETE FROM {table}")}  # fmt: skip
+        statements.clear()
+        return found
+
+    try:
+        await engine.process([_payment("p1", "2030-03-17", 0)])
+        assert _floors(path) == {"buckets": 1_900_086_400, "events": 1_900_172_800}
+        assert swept() == set()
+        now[0] += 43_200  # half a day: nothing can have expired yet
+        await engine.process([_payment("p2", "2030-03-18", 1)])
+        assert swept() == set()
+        assert _floors(path) == {"buckets": 1_900_086_400, "events": 1_900_172_800}
+        now[0] += 86_400  # past the buckets' floor, not the records'
+        await engine.process([_payment("p3", "2030-03-19", 2)])
+        assert swept() == {"buckets"}
+        now[0] += 40 * 86_400
+        await engine.process([_payment("p4", "2030-04-28", 3)])
+        assert swept() == {"buckets", "events"}
+        assert store.expired_deleted > 0
+        with closing(sqlite3.connect(path)) as db:
+            left = {row[0] for row in db.execute("SELECT id FROM events")}
+        assert left == {"p4"}
+    finally:
+        await store.close()
+
+
+async def test_a_file_without_floors_gets_them_from_its_rows(tmp_path: Path) -> None:
+    now = [1_900_000_000.0]
+    path = str(tmp_path / "no-floors.db")
+    store = open_store(f"sqlite:///{path}", clock=lambda: now[0])
+    await store.init()
+    rules = load_rules(str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"))
+    engine = Engine(Decider(rules), store)
+    try:
+        await engine.process([_payment("p1", "2030-03-17", 0), _payment("p2", "2030-03-17", 1)])
+        with closing(sqlite3.connect(path, isolation_level=None)) as db:
+            # as in a file of an earlier version, with a row already expired
+            db.execute("DELETE FROM meta WHERE name LIKE 'expiry_floor:%'")
+            db.execute("UPDATE events SET expires_at = 1800000000 WHERE id = 'p1'")
+        await engine.process([_payment("p3", "2030-03-17", 2)])
+        with closing(sqlite3.connect(path)) as db:
+            left = {row[0] for row in db.execute("SELECT id FROM events")}
+        assert left == {"p2", "p3"}  # p1 found and deleted
+        assert _floors(path)["events"] <= 1_900_000_000 + 400 * 86_400
+    finally:
+        await store.close()
