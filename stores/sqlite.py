@@ -53,9 +53,11 @@ from limitflow.errors import (
 from schemas.events import EventType
 from stores.base import LATEST_EXPIRY, Expected, Retention, Store
 from stores.verdict_codec import (
+    DICTIONARY_TAG,
     VerdictCodec,
     make_dictionary,
     pack_verdict,
+    richest,
     unpack_verdict,
 )
 
@@ -242,14 +244,14 @@ class SqliteStore(Store):
         return snapshot
 
     def _unpack(self, stored: bytes) -> bytes:
-        if stored[:1] == b"\x01" and self._codec is None:
+        if stored[:1] == DICTIONARY_TAG and self._codec is None:
             self._codec = self._verdict_codec(None)
         return unpack_verdict(stored, self._codec)
 
     def _verdict_codec(self, first: bytes | None) -> VerdictCodec | None:
         """The codec of the file's verdict dictionary; when the file has none yet, one
-        made from ``first`` (a verdict about to be stored) and kept in the file, or
-        None without ``first``. Files made before the ``meta`` table get it here."""
+        made from ``first`` (the richest of the verdicts about to be stored) and kept in
+        the file, or None without ``first``. Files made before the ``meta`` table get it here."""
         db = self._db
         found = self._dictionary()
         if found is None and first is not None:
@@ -284,11 +286,10 @@ class SqliteStore(Store):
         db = self._db
         self.round_trips += 1
         codec = self._codec
-        if codec is None and writes.events:
+        first = None if codec is not None else richest(r.verdict for r in writes.events.values())
+        if first is not None:
             try:
-                codec = self._codec = self._verdict_codec(
-                    next(iter(writes.events.values())).verdict
-                )
+                codec = self._codec = self._verdict_codec(first)
             except sqlite3.Error as exc:
                 raise _translate(exc) from exc
         # (without events, no verdict is packed: the fallback is never called)
@@ -384,10 +385,10 @@ class SqliteStore(Store):
             # a floor that low only means the sweeps run)
             at, retention = expected.written_at, self.retention
             buckets_floor = self._floor(
-                db, "buckets", at + retention.bucket_seconds if writes.buckets else None
+                db, "buckets", _earliest(at, retention.bucket_seconds) if writes.buckets else None
             )
             events_floor = self._floor(
-                db, "events", at + retention.event_seconds if writes.events else None
+                db, "events", _earliest(at, retention.event_seconds) if writes.events else None
             )
             # twice the rows added: a round of the sweep outpaces a table's growth
             if now >= buckets_floor:
@@ -453,6 +454,11 @@ class SqliteStore(Store):
 
     async def close(self) -> None:
         self._db.close()
+
+
+def _earliest(written_at: int, retention: int) -> int:
+    """The earliest expiry a record written at ``written_at`` may have (``Store.commit``)."""
+    return min(written_at + retention, LATEST_EXPIRY)
 
 
 def _open(path: str) -> sqlite3.Connection:

@@ -16,8 +16,10 @@ Stored forms, told apart by their first byte, all read back:
 
 from __future__ import annotations
 
+import itertools
 import random
 import string
+from collections.abc import Iterable
 from typing import Any, Final
 
 import msgspec
@@ -26,8 +28,8 @@ import zstandard
 _compress: Final = zstandard.ZstdCompressor(level=1, write_checksum=False).compress
 _decompress: Final = zstandard.ZstdDecompressor().decompress
 _ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
-DICTIONARY_TAG: Final = 0x01
-"""First byte of a verdict compressed against a dictionary."""
+DICTIONARY_TAG: Final = b"\x01"
+"""The first byte of a verdict compressed against a dictionary."""
 
 VERDICT_WORDS: Final = (
     b'{"event_id":"","account_id":"","type":"reversal","decision":"reject","reason":'
@@ -52,11 +54,18 @@ def unpack_verdict(stored: bytes, codec: VerdictCodec | None = None) -> bytes:
     """The published verdict bytes of a stored one, in any of its forms; one compressed
     against a dictionary needs ``codec``, made from that dictionary (else ValueError)."""
     data = bytes(stored)
-    if data[:1] == b"\x01":
+    if data[:1] == DICTIONARY_TAG:
         if codec is None:
             raise ValueError("a verdict compressed against a dictionary, and none was found")
         return codec.decompress(data[1:])
     return _decompress(data) if data[:4] == _ZSTD_MAGIC else data
+
+
+def richest(verdicts: Iterable[bytes], look_at: int = 100) -> bytes | None:
+    """The verdict to make a store's dictionary from, among the first ``look_at`` of
+    ``verdicts``: the longest, which explains the most rules (a reversal's explains
+    none), or None when there are none."""
+    return max(itertools.islice(verdicts, look_at), key=len, default=None)
 
 
 def make_dictionary(verdict: bytes) -> bytes:
@@ -68,7 +77,9 @@ def make_dictionary(verdict: bytes) -> bytes:
     every verdict. The samples are ``verdict`` disguised: every letter and digit of its
     ids, time, amount and usage replaced at random (the form kept, the values gone), in
     copies as it is, as a rejection and as a reversal. The dictionary outlives every
-    record (they expire; it stays): it must hold nothing of a payment or an account.
+    record (they expire; it stays), so it must tell nothing of a payment or an account:
+    what it keeps of ``verdict`` is what every verdict of the rules shares (field names,
+    rule ids, windows, limits, the rules version) and its periods.
     """
     fields = _verdict_fields(verdict)
     if fields is None:  # not a verdict: the words will do
@@ -175,7 +186,8 @@ def _objects(items: object) -> list[dict[str, object]]:
 
 
 class VerdictCodec:
-    """Packs verdicts against a raw-content dictionary (``dictionary_content``)."""
+    """Packs verdicts against a dictionary (``make_dictionary``'s, trained, or one of
+    content only)."""
 
     __slots__ = ("_compress", "decompress", "dictionary")
 
@@ -191,4 +203,4 @@ class VerdictCodec:
 
     def pack(self, verdict: bytes) -> bytes:
         """``verdict`` as stored: the tag, then its frame."""
-        return b"\x01" + self._compress(verdict)
+        return DICTIONARY_TAG + self._compress(verdict)

@@ -14,6 +14,7 @@ from stores.verdict_codec import (
     dictionary_content,
     make_dictionary,
     pack_verdict,
+    richest,
     unpack_verdict,
 )
 
@@ -132,3 +133,18 @@ def test_a_dictionary_holds_nothing_that_tells_of_an_event() -> None:
     for part in (b"9f3c2a71", b"58213907"):
         assert part in verdict
         assert part not in dictionary
+
+
+def test_the_dictionary_is_made_from_the_verdict_that_explains_the_most() -> None:
+    verdicts = _sample_verdicts()
+    reversal = next(v for v in verdicts if b'"type":"reversal"' in v)
+    payment = max(verdicts, key=len)
+    assert richest([reversal, payment, reversal]) == payment
+    assert richest(iter([reversal])) == reversal
+    assert richest([]) is None
+    # a reversal explains no rule: a dictionary made from it alone packs payments worse
+    sizes = [
+        sum(len(VerdictCodec(make_dictionary(first)).pack(v)) for v in verdicts)
+        for first in (payment, reversal)
+    ]
+    assert sizes[0] < sizes[1]
