@@ -5,11 +5,15 @@ None for anything else, which ``_checked_event`` then decides. Every field of an
 makes (its type too: ``1`` equals ``True``) and every fingerprint must be the general
 path's, or resends stored before would turn into conflicts. Hypothesis feeds both the same
 objects, built mostly from the valid shape with one field or another made unusual.
+
+Its compiled twin (``schemas._fastparse``, which ``event_from_dict`` uses when built) is
+held to the Python ``_common_event`` the same way, on the same objects.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -18,6 +22,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.generate import events
+from schemas import events as parsing
 from schemas.events import (
     Event,
     EventRejected,
@@ -42,6 +47,33 @@ def _outcome(parse: Any, value: Any) -> tuple[str, Any]:
         return ("event", _fields(parse(value)))
     except EventRejected as exc:
         return ("rejected", (exc.error, exc.detail, exc.args))
+
+
+_compiled = None if parsing._fastparse is None else parsing._fast_event
+"""The compiled ``_common_event``, when the extension is built."""
+needs_compiled = pytest.mark.skipif(
+    _compiled is None,
+    reason="schemas._fastparse is not built (no C compiler?): pip install -e . builds it",
+)
+_NOT_SURE_OFFSET = re.compile(r".*[+-][0-9]{2}:[6-9][0-9]")
+"""An offset of 60 minutes or more, which Python 3.11 takes (+08:60 as +09:00) and the
+compiled path leaves to the general one, not sure that every Python does the same."""
+
+
+def _assert_compiled_agrees(doc: dict[str, Any]) -> None:
+    """The compiled twin returns the Python ``_common_event``'s Event, field for field
+    (types and fingerprints too), and None where it does; None where it is not sure."""
+    assert _compiled is not None
+    python = _common_event(doc)
+    compiled = _compiled(doc)
+    if compiled is None:
+        if python is not None:  # it may decline only what it documents
+            time = doc.get("occurred_at")
+            assert isinstance(time, str) and _NOT_SURE_OFFSET.fullmatch(time), doc
+    else:
+        assert python is not None, doc
+        assert _fields(compiled) == _fields(python)
+        assert compiled.fields is doc
 
 
 def _assert_paths_agree(doc: dict[str, Any]) -> None:
@@ -182,18 +214,64 @@ def _event_docs(draw: st.DrawFn) -> dict[str, Any]:
     return doc
 
 
+def _examples(test: Any) -> Any:
+    """The objects that once told the paths apart, or nearly."""
+    for doc in [
+        {"event_id": "e", "account_id": "a", "amount": "1", "currency": "JPY",
+         "occurred_at": "2026-01-31T23:59:00." + "1" * 44 + "Z"},
+        {"event_id": "e", "account_id": "a", "amount": "10.", "currency": "CNY",
+         "occurred_at": "2026-01-31T23:59:00Z"},
+        {"event_id": "e", "account_id": "a", "amount": "1", "currency": "CNY",
+         "occurred_at": "2026-01-31T23:59:00Z", "mcc": 10**18},
+        {"event_id": "e", "type": "reversal", "account_id": "a", "original_event_id": "p",
+         "occurred_at": "2026-01-31T23:59:00Z", "currency": "USD"},
+    ]:  # fmt: skip
+        test = example(doc)(test)
+    return test
+
+
 @settings(max_examples=3_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_event_docs())
-@example({"event_id": "e", "account_id": "a", "amount": "1", "currency": "JPY",
-          "occurred_at": "2026-01-31T23:59:00." + "1" * 44 + "Z"})  # fmt: skip
-@example({"event_id": "e", "account_id": "a", "amount": "10.", "currency": "CNY",
-          "occurred_at": "2026-01-31T23:59:00Z"})  # fmt: skip
-@example({"event_id": "e", "account_id": "a", "amount": "1", "currency": "CNY",
-          "occurred_at": "2026-01-31T23:59:00Z", "mcc": 10**18})  # fmt: skip
-@example({"event_id": "e", "type": "reversal", "account_id": "a", "original_event_id": "p",
-          "occurred_at": "2026-01-31T23:59:00Z", "currency": "USD"})  # fmt: skip
+@_examples
 def test_the_fast_path_agrees_with_every_check(doc: dict[str, Any]) -> None:
     _assert_paths_agree(doc)
+
+
+@needs_compiled
+@settings(max_examples=3_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_event_docs())
+@_examples
+def test_the_compiled_fast_path_agrees_with_the_python_one(doc: dict[str, Any]) -> None:
+    _assert_compiled_agrees(doc)
+
+
+_VALID_TIME = st.builds(
+    lambda year, month, day, sep, hour, minute, second, fraction, offset: (
+        f"{year:04d}-{month:02d}-{day:02d}{sep}{hour:02d}:{minute:02d}:{second:02d}"
+        f"{fraction}{offset}"
+    ),
+    st.one_of(
+        st.integers(1, 9999), st.sampled_from([1, 2, 100, 1900, 1970, 2000, 2024, 9998, 9999])
+    ),
+    st.integers(1, 12),
+    st.one_of(st.integers(1, 28), st.integers(28, 31)),
+    st.sampled_from(["T", "t", " "]),
+    st.integers(0, 23),
+    st.integers(0, 59),
+    st.integers(0, 59),
+    st.one_of(st.just(""), st.text("0123456789", min_size=1, max_size=12).map(lambda d: "." + d)),
+    st.one_of(
+        st.sampled_from(["Z", "+00:00", "-00:00", "+23:59", "-23:59", "+24:00", "+08:60"]),
+        st.builds(
+            lambda sign, hours, minutes: f"{sign}{hours:02d}:{minutes:02d}",
+            st.sampled_from("+-"),
+            st.integers(0, 25),
+            st.integers(0, 59),
+        ),
+    ),
+)
+"""Times near the valid: every date of every year (leap days, month ends), fractions of
+any length, offsets up to and past a day."""
 
 
 @settings(max_examples=500, deadline=None)
@@ -237,3 +315,135 @@ def test_every_generated_benchmark_event_takes_the_fast_path() -> None:
         fast = _common_event(doc)
         assert fast is not None
         assert _fields(fast) == _fields(_checked_event(doc))
+
+
+@needs_compiled
+@settings(max_examples=2_000, deadline=None)
+@given(time=st.one_of(_VALID_TIME, _TIME), kind=st.sampled_from(["payment", "reversal"]))
+@example(time="1900-02-29T00:00:00Z", kind="payment")  # not leap years: no 29 February
+@example(time="2100-02-29T12:00:00+08:00", kind="payment")
+@example(time="0100-02-29T00:00:00Z", kind="payment")
+@example(time="2000-02-29T23:59:59.999999-23:59", kind="payment")  # a leap year
+@example(time="2024-02-29T00:00:00Z", kind="reversal")
+@example(time="1969-12-31T23:59:59.9999999Z", kind="payment")  # floor of a negative epoch
+@example(time="0001-01-02T00:00:00+00:01", kind="payment")  # just before the first instant
+def test_the_compiled_path_reads_times_alike(time: Any, kind: str) -> None:
+    doc: dict[str, Any] = {"event_id": "e", "account_id": "a", "occurred_at": time}
+    if kind == "reversal":
+        doc.update(type="reversal", original_event_id="p")
+    else:
+        doc.update(amount="10.50", currency="CNY")
+    _assert_compiled_agrees(doc)
+    _assert_paths_agree(doc)
+
+
+_PLAIN_AMOUNT = st.from_regex(r"0{0,3}[0-9]{1,17}(\.[0-9]{1,6}0{0,3})?", fullmatch=True)
+"""Amounts of the form the fast paths take, mostly: up to and past MAX_MINOR, with more
+fraction digits than a currency's minor unit or trailing zeros."""
+
+
+@needs_compiled
+@settings(max_examples=2_000, deadline=None)
+@given(
+    amount=st.one_of(_PLAIN_AMOUNT, _AMOUNT),
+    currency=st.one_of(st.sampled_from(["CNY", "JPY", "KWD", "CLF"]), _CURRENCY),
+    kind=st.sampled_from(["payment", "reversal"]),
+)
+@example(amount="999999999999999", currency="JPY", kind="payment")  # MAX_MINOR
+@example(amount="1000000000000000", currency="JPY", kind="payment")
+@example(amount="99999999999.9999", currency="CLF", kind="payment")
+@example(amount="0.001", currency="KWD", kind="reversal")
+@example(amount="0000000000000000000000000000001.5", currency="CNY", kind="payment")
+def test_the_compiled_path_reads_amounts_alike(amount: Any, currency: Any, kind: str) -> None:
+    doc: dict[str, Any] = {
+        "event_id": "e",
+        "account_id": "a",
+        "occurred_at": "2026-03-01T00:00:00Z",
+        "amount": amount,
+        "currency": currency,
+    }
+    if kind == "reversal":
+        doc.update(type="reversal", original_event_id="p")
+    _assert_compiled_agrees(doc)
+    _assert_paths_agree(doc)
+
+
+@needs_compiled
+def test_every_generated_benchmark_event_takes_the_compiled_path() -> None:
+    assert _compiled is not None
+    for line in events(5_000, seed=7):
+        doc = _decoder.decode(line)
+        compiled = _compiled(doc)
+        assert compiled is not None
+        python = _common_event(doc)
+        assert python is not None
+        assert _fields(compiled) == _fields(python)
+
+
+@needs_compiled
+def test_event_from_dict_uses_the_compiled_path() -> None:
+    assert parsing._fastparse is not None
+    assert isinstance(
+        getattr(parsing._fast_event, "__self__", None), parsing._fastparse.CommonEvent
+    )
+
+
+class _Doc(dict[str, Any]):
+    pass
+
+
+@needs_compiled
+@pytest.mark.parametrize(
+    "doc",
+    [
+        _Doc(event_id="e", account_id="a", amount="1", currency="CNY",
+             occurred_at="2026-01-31T23:59:00Z"),
+        {"event_id": "e", "account_id": "a", "amount": "1", "currency": "CNY",
+         "occurred_at": "2026-01-31T23:59:00Z", 5: "x"},
+        {"event_id": "e", "account_id": "a", "amount": "1", "currency": "CNY",
+         "occurred_at": "2026-01-31T23:59:00+08:60"},
+        {"event_id": "e", "account_id": "a", "amount": "1", "currency": "CNY",
+         "occurred_at": "2026-01-31T24:00:00Z"},
+    ],
+)  # fmt: skip
+def test_what_the_compiled_path_is_not_sure_of_goes_to_the_general_path(
+    doc: dict[str, Any],
+) -> None:
+    assert _compiled is not None
+    assert _compiled(doc) is None
+
+    def outcome(parse: Any) -> Any:  # a key that is not a str: msgspec's TypeError
+        try:
+            return _outcome(parse, doc)
+        except TypeError as exc:
+            return ("raised", str(exc))
+
+    assert outcome(event_from_dict) == outcome(_checked_event)
+
+
+@needs_compiled
+def test_importing_the_extension_first_works() -> None:
+    """``schemas.events`` imports ``schemas._fastparse`` last: either may come first."""
+    import subprocess
+    import sys
+
+    code = (
+        "import schemas._fastparse, schemas.events as e; "
+        "assert e._fast_event is not e._common_event"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@needs_compiled
+def test_the_built_extension_is_not_older_than_its_source() -> None:
+    """An edit to ``_fastparse.pyx`` takes effect only once built again."""
+    from pathlib import Path
+
+    assert parsing._fastparse is not None
+    source = Path(parsing.__file__).with_name("_fastparse.pyx")
+    built = parsing._fastparse.__file__
+    if not source.exists():  # an installed wheel, which carries no sources to edit
+        return
+    assert Path(built).stat().st_mtime >= source.stat().st_mtime, (
+        "schemas/_fastparse.pyx changed since the extension was built: pip install -e ."
+    )
