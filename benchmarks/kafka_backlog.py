@@ -81,19 +81,25 @@ async def drain(bootstrap: str, expected: int) -> tuple[float, float]:
 
 STAGES = {
     "parse events": "parse_event",
-    "plan (rules, bucket keys)": "Decider.plan",
-    "decide": "Decider.decide",
+    "plan and decide, compiled (with the engine's own code)": (
+        "leaf:Engine.process|Engine._decide_and_commit"
+    ),
+    "plan, Python path (rules, bucket keys)": "Decider.plan",
+    "decide, Python path": "Decider.decide",
     "store: read": "Store.load",
     "store: commit": "Store.commit",
     "  of which compressing stored verdicts": "VerdictCodec.pack",
     "publish verdicts": "send_all",
     "poll records": "AIOKafkaConsumer.getmany",
 }
-"""Where ``limitflow run``'s time goes: a label, and the function whose samples count."""
+"""Where ``limitflow run``'s time goes: a label, and the function whose samples count
+(its callees' too), or after ``leaf:`` the functions whose own samples count: the
+compiled plan and decide have no Python frame, so py-spy finds their time in the
+engine's frames that call them."""
 
 
 def shares(profile: Path) -> list[tuple[float, str]]:
-    """Each stage's share of the samples (inclusive: its callees count too)."""
+    """Each stage's share of the samples."""
     counts: collections.Counter[str] = collections.Counter()
     total = 0
     for line in profile.read_text().splitlines():
@@ -101,9 +107,17 @@ def shares(profile: Path) -> list[tuple[float, str]]:
         if not stack:
             continue
         total += int(number)
-        for name in {frame.split(" (")[0] for frame in stack.split(";")}:
+        frames = [frame.split(" (")[0] for frame in stack.split(";")]
+        for name in set(frames):
             counts[name] += int(number)
-    return [(counts[function] / total, label) for label, function in STAGES.items()]
+        counts["leaf:" + frames[-1]] += int(number)
+
+    def count(function: str) -> int:
+        if function.startswith("leaf:"):
+            return sum(counts["leaf:" + name] for name in function[5:].split("|"))
+        return counts[function]
+
+    return [(count(function) / total, label) for label, function in STAGES.items()]
 
 
 def main() -> None:
