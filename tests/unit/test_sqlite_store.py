@@ -491,3 +491,24 @@ async def test_a_file_without_floors_gets_them_from_its_rows(tmp_path: Path) -> 
         assert _floors(path)["events"] <= 1_900_000_000 + 400 * 86_400
     finally:
         await store.close()
+
+
+async def test_new_files_have_8_kb_pages_and_files_made_before_keep_theirs(
+    tmp_path: Path,
+) -> None:
+    rules = load_rules(str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"))
+    older = str(tmp_path / "older.db")
+    with closing(sqlite3.connect(older, isolation_level=None)) as db:
+        db.execute("PRAGMA page_size=4096")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE t (x)")  # the file now exists, with 4 KB pages
+    for path, page in ((str(tmp_path / "new.db"), 8192), (older, 4096)):
+        store = SqliteStore(path)
+        await store.init()
+        try:
+            results = await Engine(Decider(rules), store).process(_sample_records())
+            assert any(r.decision == "accept" for r in results)
+        finally:
+            await store.close()
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA page_size").fetchone()[0] == page
