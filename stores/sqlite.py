@@ -490,6 +490,8 @@ def _open(path: str) -> sqlite3.Connection:
                 sqlite3.SQLITE_BUSY,
                 sqlite3.SQLITE_LOCKED,
             )
+            if type(exc) is sqlite3.DatabaseError:  # "malformed", "not a database"
+                raise _translate(exc) from exc  # no retry mends it (StoreRejected)
             if not busy or time.monotonic() + delay > deadline:
                 raise StoreUnavailable(f"cannot open SQLite database {path}: {exc}") from exc
             time.sleep(delay)

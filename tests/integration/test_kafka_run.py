@@ -33,6 +33,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.protocol.group import LeaveGroupRequest
 
+from stores.verdict_codec import VerdictCodec, unpack_verdict
 from tests.servers import kafka_broker
 
 pytestmark = pytest.mark.integration
@@ -369,13 +370,21 @@ def replay(
 
 
 def counters(path: str) -> dict[str, Any]:
-    """The store's counters, without versions and expiry (batching changes those)."""
+    """The store's counters, without versions and expiry (batching changes those), and
+    each record's verdict as published (each file compresses them against a dictionary
+    of its own, made from the first verdicts it stored)."""
     db = sqlite3.connect(path.removeprefix("sqlite:///"))
     try:
+        found = db.execute("SELECT value FROM meta WHERE name = 'verdict_dictionary'").fetchone()
+        codec = None if found is None else VerdictCodec(bytes(found[0]))
+        events = db.execute("SELECT id, accepted, seq, verdict, reversed FROM events")
         return {
             "buckets": sorted(db.execute("SELECT key, count, amount FROM buckets")),
             "accounts": sorted(db.execute("SELECT id, seq FROM accounts")),
-            "events": sorted(db.execute("SELECT id, accepted, seq, verdict, reversed FROM events")),
+            "events": sorted(
+                (key, accepted, seq, unpack_verdict(verdict, codec), released)
+                for key, accepted, seq, verdict, released in events
+            ),
         }
     finally:
         db.close()

@@ -775,9 +775,17 @@ def test_a_damaged_sqlite_store_is_one_line_and_exit_3(tmp_path: Path) -> None:
     args += ["--dead-letter", "d", "--store", f"sqlite:///{tmp_path / 'state.db'}"]
     assert limitflow(*args, cwd=tmp_path).returncode == 0
     with open(tmp_path / "state.db", "r+b") as db:
-        db.seek(4096)
+        db.seek(4096)  # in the first page (8 KB): found as the file is opened
         db.write(b"\xde\xad" * 20_000)
     result = limitflow(*args, cwd=tmp_path)
+    assert result.returncode == 3
+    assert "damaged or not a database" in one_line_reason(result)
+    # damage further in is found when the store first reads it: the same
+    assert limitflow(*args[:-1], f"sqlite:///{tmp_path / 'other.db'}", cwd=tmp_path).returncode == 0
+    with open(tmp_path / "other.db", "r+b") as db:
+        db.seek(3 * 8192)
+        db.write(b"\xde\xad" * 20_000)
+    result = limitflow(*args[:-1], f"sqlite:///{tmp_path / 'other.db'}", cwd=tmp_path)
     assert result.returncode == 3
     assert "damaged or not a database" in one_line_reason(result)
 
