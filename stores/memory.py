@@ -20,13 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
-import zstandard
 
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError
 from schemas.events import EventType
 from stores.base import Expected, Retention, Store
-from stores.verdict_codec import make_dictionary, richest
+from stores.verdict_codec import make_dictionary, richest, zstd_pair
 
 
 class MemoryStore(Store):
@@ -152,11 +151,7 @@ class Codec:
     __slots__ = ("compress", "decompress")
 
     def __init__(self, dictionary: bytes) -> None:
-        zdict = zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_AUTO)
-        self.compress = zstandard.ZstdCompressor(
-            level=1, dict_data=zdict, write_checksum=False, write_dict_id=False
-        ).compress
-        self.decompress = zstandard.ZstdDecompressor(dict_data=zdict).decompress
+        self.compress, self.decompress = zstd_pair(dictionary)
 
     def pack(self, r: EventRecord) -> bytes:
         fields = (r.fingerprint, r.account_id, r.type, r.accepted, r.seq, r.verdict, r.amount)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import random
 import string
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import msgspec
@@ -185,6 +185,19 @@ def _objects(items: object) -> list[dict[str, object]]:
     return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
 
 
+def zstd_pair(
+    dictionary: bytes,
+) -> tuple[Callable[[bytes], bytes], Callable[[bytes | memoryview], bytes]]:
+    """zstd's compress and decompress against ``dictionary`` (level 1, frames without a
+    checksum or the dictionary's id). A trained dictionary starts with zstd's dictionary
+    magic number, one of content never does (it starts with "{"): AUTO tells them apart."""
+    zdict = zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_AUTO)
+    compress = zstandard.ZstdCompressor(
+        level=1, dict_data=zdict, write_checksum=False, write_dict_id=False
+    ).compress
+    return compress, zstandard.ZstdDecompressor(dict_data=zdict).decompress
+
+
 class VerdictCodec:
     """Packs verdicts against a dictionary (``make_dictionary``'s, trained, or one of
     content only)."""
@@ -193,13 +206,7 @@ class VerdictCodec:
 
     def __init__(self, dictionary: bytes) -> None:
         self.dictionary = dictionary
-        # a trained dictionary starts with zstd's dictionary magic number, content never
-        # does (it starts with "{"): AUTO tells them apart
-        zdict = zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_AUTO)
-        self._compress = zstandard.ZstdCompressor(
-            level=1, dict_data=zdict, write_checksum=False, write_dict_id=False
-        ).compress
-        self.decompress = zstandard.ZstdDecompressor(dict_data=zdict).decompress
+        self._compress, self.decompress = zstd_pair(dictionary)
 
     def pack(self, verdict: bytes) -> bytes:
         """``verdict`` as stored: the tag, then its frame."""

@@ -211,14 +211,7 @@ async def test_expired_rows_are_deleted_as_commits_go_and_decisions_do_not_chang
     await store.init()
     rules = load_rules(str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"))
     engine = Engine(Decider(rules), store)
-
-    def payment(event_id: str, day: str, minute: int = 0) -> Record:
-        doc = (
-            f'{{"event_id": "{event_id}", "account_id": "a1", "card_id": "c1",'
-            f' "merchant_id": "m1", "amount": "10.00", "currency": "CNY",'
-            f' "occurred_at": "{day}T10:{minute:02d}:00Z"}}'
-        )
-        return Record(doc.encode(), {"line": 1})
+    payment = _payment
 
     def rows() -> tuple[int, int]:
         with closing(sqlite3.connect(store.path)) as db:
