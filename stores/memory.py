@@ -104,7 +104,7 @@ class MemoryData:
     accounts: dict[str, Account] = field(default_factory=dict)
     events: dict[str, bytes] = field(default_factory=dict)
     codec: Codec | None = None
-    """Made from the first event record stored."""
+    """Made at the first commit of event records, from the richest of their verdicts."""
 
 
 _encode = msgspec.msgpack.Encoder().encode
