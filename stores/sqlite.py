@@ -423,17 +423,17 @@ class SqliteStore(Store):
         its table's earliest expiry (one scan of the table, once)."""
         name = f"expiry_floor:{table}"
         row = db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
-        floor = None if row is None else row[0]
-        if type(floor) is not int:  # none yet (or not a number: found again)
-            (floor,) = db.execute(f"SELECT min(expires_at) FROM {table}").fetchone()  # noqa: S608
-            if type(floor) is not int:  # no row expires (or none is a number)
-                floor = LATEST_EXPIRY
-            if written is not None and written < floor:
-                floor = written
+        kept = row is not None and type(row[0]) is int
+        if kept:
+            floor: int = row[0]
+        else:  # none yet (or not a number: found again)
+            (found,) = db.execute(f"SELECT min(expires_at) FROM {table}").fetchone()  # noqa: S608
+            # (None when no row expires, or when none is a number)
+            floor = found if type(found) is int else LATEST_EXPIRY
+        if written is not None and written < floor:
+            floor, kept = written, False
+        if not kept:
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, floor))
-        elif written is not None and written < floor:
-            floor = written
-            db.execute("UPDATE meta SET value = ? WHERE name = ?", (floor, name))
         return floor
 
     def _sweep(self, db: sqlite3.Connection, table: str, key: str, rows: int, now: int) -> None:
