@@ -176,11 +176,14 @@ class VerdictReader:
                     if event_id is not None:
                         self.seen.setdefault(event_id.decode(), (record.timestamp / 1000, now))
 
-    async def wait_for(self, records: int, seconds: float, proc: subprocess.Popen[bytes]) -> None:
+    async def wait_for(
+        self, records: int, seconds: float, procs: list[subprocess.Popen[bytes]]
+    ) -> None:
         deadline = time.monotonic() + seconds
         while self.records < records:
-            if proc.poll() is not None:
-                raise RuntimeError(f"runtime exited with {proc.returncode}")
+            for proc in procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"runtime exited with {proc.returncode}")
             if self._task is not None and self._task.done():
                 self._task.result()
             if time.monotonic() > deadline:
@@ -206,6 +209,34 @@ async def create_topics(kafka: KafkaBroker, topics: Topics, partitions: int) -> 
         await admin.close()
 
 
+async def settled(
+    logs: list[Path], partitions: int, seconds: float, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Wait until the ``run`` workers writing ``logs`` hold every partition between them,
+    each with its last rebalance done: a rebalance later would be timed."""
+    deadline = time.monotonic() + seconds
+    while True:
+        held: list[list[str] | None] = []
+        for log in logs:
+            last: list[str] | None = None
+            for line in log.read_text(errors="replace").splitlines():
+                with contextlib.suppress(ValueError):
+                    doc = json.loads(line)
+                    if doc.get("msg") == "partitions assigned":
+                        last = doc.get("partitions") or []
+                    elif doc.get("msg") == "partitions revoked":
+                        last = None
+            held.append(last)
+        if all(h for h in held) and sum(len(h or ()) for h in held) == partitions:
+            return
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"runtime exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"partitions held by the workers: {held}")
+        await asyncio.sleep(0.1)
+
+
 def percentile(values: list[float], share: float) -> float:
     if not values:
         return float("nan")
@@ -227,15 +258,18 @@ async def measure(
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, linger_ms=2)
     await producer.start()
     await reader.start()
-    log = workdir / f"{runtime}-{guarantee}.log"
+    logs = [workdir / f"{runtime}-{guarantee}-{n}.log" for n in range(args.workers)]
     try:
-        with running(argv, env, log) as proc:
+        with contextlib.ExitStack() as stack:
+            procs = [stack.enter_context(running(argv, env, log)) for log in logs]
+            if runtime == "run" and args.workers > 1:
+                await settled(logs, args.partitions, args.timeout, procs)
             # warm-up: the group is joined and the store opened before anything is timed
             warm = workload(200, "warm", seed=1)
             for _event_id, key, value in warm:
                 await producer.send(topics.input, value, key=key, headers=[("event_id", b"")])
             await producer.flush()
-            await reader.wait_for(len(warm), args.timeout, proc)
+            await reader.wait_for(len(warm), args.timeout, procs)
             done = reader.records
 
             events = workload(args.events, "tput", seed=2)
@@ -243,7 +277,7 @@ async def measure(
             for _event_id, key, value in events:
                 await producer.send(topics.input, value, key=key)
             await producer.flush()
-            await reader.wait_for(done + len(events), args.timeout, proc)
+            await reader.wait_for(done + len(events), args.timeout, procs)
             result.events, result.seconds = len(events), reader.last_received - started
             done = reader.records
 
@@ -258,7 +292,7 @@ async def measure(
                 sent.setdefault(event_id, time.time())
                 await producer.send(topics.input, value, key=key)
             await producer.flush()
-            await reader.wait_for(done + len(paced), args.timeout, proc)
+            await reader.wait_for(done + len(paced), args.timeout, procs)
             result.offered, result.latency_events = args.rate, len(sent)
             for event_id, at in sent.items():
                 got = reader.seen.get(event_id)
@@ -266,9 +300,9 @@ async def measure(
                     result.created_ms.append((got[0] - at) * 1000)
                     result.received_ms.append((got[1] - at) * 1000)
     except (RuntimeError, TimeoutError) as exc:
-        result.note = f"{exc}; log {log}"
+        result.note = f"{exc}; log {logs[0]}"
         if not args.keep:
-            result.note += ":\n" + log.read_text(errors="replace")[-2000:]
+            result.note += ":\n" + logs[0].read_text(errors="replace")[-2000:]
     finally:
         await reader.stop()
         await producer.stop()
@@ -323,19 +357,25 @@ def main() -> None:
     parser.add_argument("--guarantees", type=lambda s: s.split(","), default=list(GUARANTEES))
     parser.add_argument("--broker", default="tansu", help="for at-least-once: tansu|noida")
     parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument(
+        "--workers", type=int, default=1, help="processes of the runtime in one group (run only)"
+    )
     parser.add_argument("--timeout", type=float, default=300, help="seconds per phase")
     parser.add_argument("--keep", action="store_true", help="keep runtime logs")
     args = parser.parse_args()
     for name in args.runtimes:
         if name not in RUNTIMES:
             parser.error(f"unknown runtime {name}: use {', '.join(RUNTIMES)}")
+    if args.workers > 1 and args.runtimes != ["run"]:
+        parser.error("--workers applies to --runtimes run alone")
     for name in args.guarantees:
         if name not in GUARANTEES:
             parser.error(f"unknown guarantee {name}: use {', '.join(GUARANTEES)}")
     results = asyncio.run(main_async(args))
     print(
         f"\nkafka_pipeline: {args.events:,} events for throughput, {args.latency_events:,} at "
-        f"{args.rate:,}/s for latency, sqlite store, {args.partitions} partitions; "
+        f"{args.rate:,}/s for latency, sqlite store, {args.partitions} partitions, "
+        f"{args.workers} worker process(es); "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end"
     )
     print("p50/p99 ms: verdict record timestamp - event sent; rcv: verdict received - sent\n")
