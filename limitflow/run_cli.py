@@ -280,6 +280,7 @@ async def _run(args: argparse.Namespace) -> int:
         EXIT_USAGE,
         CommandFailed,
         _rules,
+        fewer_collections,
         open_ready_store,
     )
     from limitflow.errors import BrokerError, StoreError
@@ -292,7 +293,8 @@ async def _run(args: argparse.Namespace) -> int:
     rules = _rules(settings.rules)
     store = await open_ready_store(settings.store, lock_wait=CONSUMER_LOCK_WAIT)
     try:
-        return await serve(settings, rules, store)
+        with fewer_collections():
+            return await serve(settings, rules, store)
     except StoreError as exc:
         log.error("store failed for good: %s", exc)
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
