@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import os
 import signal
 import stat
@@ -106,7 +105,7 @@ def _stat(path: str, stream: int) -> os.stat_result | None:
 async def _replay(args: argparse.Namespace) -> int:
     from handlers.decide import Decider
     from stores.base import Store
-    from streams.engine import Engine
+    from streams.engine import Engine, fewer_collections
     from streams.replay import WriteFailed, replay
 
     # compared as files, not names: "-" and /dev/stdout, a symlinked folder, stdin
@@ -187,28 +186,6 @@ async def _replay(args: argparse.Namespace) -> int:
         )
         return EXIT_INTERRUPTED
     return EXIT_OK
-
-
-GC_THRESHOLD = 50_000
-"""Container objects allocated (net) between young-generation collections in a replay or
-a consumer; Python's default is 700."""
-
-
-@contextlib.contextmanager
-def fewer_collections() -> Iterator[None]:
-    """Collect cyclic garbage less often while a replay or a consumer runs: a batch's
-    events, plans and results live until the batch is written, so every young-generation
-    collection in the middle of one walked them all, and moved them on for older
-    generations to walk again (about 8% of a replay of 200,000 events, and a `limitflow
-    run` drained a backlog 10-18% faster without them), finding almost no garbage.
-    Nothing is decided differently; only cycles, of which both make few, wait longer."""
-    before = gc.get_threshold()
-    if before[0]:  # 0: automatic collection is off, and stays so
-        gc.set_threshold(max(before[0], GC_THRESHOLD), *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 def _say(line: str) -> None:

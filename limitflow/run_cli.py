@@ -280,11 +280,11 @@ async def _run(args: argparse.Namespace) -> int:
         EXIT_USAGE,
         CommandFailed,
         _rules,
-        fewer_collections,
         open_ready_store,
     )
     from limitflow.errors import BrokerError, StoreError
     from stores.sqlite import CONSUMER_LOCK_WAIT
+    from streams.engine import fewer_collections
     from streams.ops import configure_logging
     from streams.topics import TopicError
 

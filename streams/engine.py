@@ -11,10 +11,12 @@ duplicate with its stored verdict if the batch is seen again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Final
@@ -215,6 +217,28 @@ class Engine:
                 outcome.error,
                 outcome.detail,
             )
+
+
+GC_THRESHOLD = 50_000
+"""Container objects allocated (net) between young-generation collections in a replay or
+a consumer; Python's default is 700."""
+
+
+@contextlib.contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Collect cyclic garbage less often while a replay or a consumer runs: a batch's
+    events, plans and results live until the batch is written, so every young-generation
+    collection in the middle of one walked them all, and moved them on for older
+    generations to walk again (about 8% of a replay of 200,000 events, and a `limitflow
+    run` drained a backlog 9-19% faster without them), finding almost no garbage.
+    Nothing is decided differently; only cycles, of which both make few, wait longer."""
+    before = gc.get_threshold()
+    if before[0]:  # 0: automatic collection is off, and stays so
+        gc.set_threshold(max(before[0], GC_THRESHOLD), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 _KIND: Final = attrgetter("kind")

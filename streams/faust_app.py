@@ -53,7 +53,7 @@ from limitflow.settings import (
 )
 from schemas.rules import RulesError, RuleSet, load_rules
 from stores.base import Store
-from streams.engine import Engine, Record, Result
+from streams.engine import Engine, Record, Result, fewer_collections
 from streams.output import Message, messages, send_all
 
 log = logging.getLogger("limitflow.faust")
@@ -351,11 +351,12 @@ def build_app(settings: FaustSettings) -> faust.App:
         engine = await open_engine(settings, rules)
         handler = BatchHandler(app, engine, settings)
         try:
-            async for events in stream.noack_take(
-                settings.batch_size, within=settings.batch_wait_ms / 1000
-            ):
-                if not await handler.handle(stream, events):
-                    break
+            with fewer_collections():  # the worker's process is this agent's
+                async for events in stream.noack_take(
+                    settings.batch_size, within=settings.batch_wait_ms / 1000
+                ):
+                    if not await handler.handle(stream, events):
+                        break
         finally:
             await engine.store.close()
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from limitflow import run_cli
-from limitflow.cli import GC_THRESHOLD, fewer_collections, main
+from limitflow.cli import main
+from streams.engine import GC_THRESHOLD, fewer_collections
 
 
 @pytest.fixture
