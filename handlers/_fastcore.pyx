@@ -8,12 +8,14 @@ built. It writes the verdict's JSON itself, byte for byte what msgspec writes fo
 duplicate, a reversal) and anything unusual (a scope or match field that is not a
 string, a long key, a number past 62 bits) goes to the Python path, so the two never
 differ on an edge case: ``tests/unit/test_fastcore.py`` decides the same streams both
-ways and compares every byte.
+ways and compares every byte. It reads and writes the attributes of the event and of the
+state records in their slots (``_Field``), as Python's member descriptors do, without
+the attribute lookup each time.
 """
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem
-from cpython.object cimport PyObject
+from cpython.object cimport Py_TYPE, PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from cpython.set cimport PySet_Add
 from cpython.tuple cimport PyTuple_SET_ITEM
@@ -22,9 +24,9 @@ from libc.string cimport memcpy
 
 import msgspec
 
-from handlers.state import Account, Bucket, EventRecord
+from handlers.state import Account, Bucket, EventRecord, Snapshot, WorkingState
 from schemas.currencies import MINOR_UNITS
-from schemas.events import EventType
+from schemas.events import Event, EventType
 from schemas.rules import Window
 from schemas.verdicts import Decision, Reason
 
@@ -68,6 +70,110 @@ cdef extern from *:
     """
     bint lf_plain(str s)
     const char* lf_json_ascii(str s, Py_ssize_t* n)
+
+cdef extern from *:
+    """
+    #include <structmember.h>
+    /* The offset of an object slot: a member descriptor of a __slots__ name or of a
+       msgspec struct field; -1 for any other attribute. */
+    static Py_ssize_t lf_slot_offset(PyObject* descr) {
+        PyMemberDef* member;
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) return -1;
+        member = ((PyMemberDescrObject*)descr)->d_member;
+        if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return -1;
+        return member->offset;
+    }
+    /* What a slot holds (a borrowed reference), NULL when it is unset. */
+    static inline PyObject* lf_slot(PyObject* obj, Py_ssize_t offset) {
+        return *(PyObject**)((char*)obj + offset);
+    }
+    /* Put a new reference to value in a slot, releasing what it held. */
+    static inline void lf_set_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {
+        PyObject** slot = (PyObject**)((char*)obj + offset);
+        PyObject* old = *slot;
+        Py_INCREF(value);
+        *slot = value;
+        Py_XDECREF(old);
+    }
+    """
+    Py_ssize_t lf_slot_offset(PyObject* descr)
+    PyObject* lf_slot(object obj, Py_ssize_t offset)
+    void lf_set_slot(object obj, Py_ssize_t offset, object value)
+
+
+cdef class _Field:
+    """One attribute of instances of exactly one class, read and written straight in its
+    slot (as ``member_descriptor`` does, without the attribute lookup); an instance of
+    any other class, an unset slot or an attribute that is not a plain object slot takes
+    ``getattr``/``setattr``."""
+
+    cdef readonly object owner_type
+    cdef PyTypeObject* owner
+    cdef readonly Py_ssize_t offset
+    cdef readonly str name
+
+    def __init__(self, owner, str name):
+        if not isinstance(owner, type):
+            raise TypeError(f"not a class: {owner!r}")
+        self.owner_type = owner  # held, so that ``owner`` stays valid
+        self.owner = <PyTypeObject*>owner
+        self.name = name
+        descr = owner.__dict__.get(name)
+        self.offset = -1 if descr is None else lf_slot_offset(<PyObject*>descr)
+
+    cdef inline object get(self, object obj):
+        cdef PyObject* found
+        if self.offset >= 0 and Py_TYPE(obj) == self.owner:
+            found = lf_slot(obj, self.offset)
+            if found != NULL:
+                return <object>found
+        return getattr(obj, self.name)
+
+    cdef inline int set(self, object obj, object value) except -1:
+        if self.offset >= 0 and Py_TYPE(obj) == self.owner:
+            lf_set_slot(obj, self.offset, value)
+        else:
+            setattr(obj, self.name, value)
+        return 0
+
+
+cdef _Field _E_TYPE = _Field(Event, "type")
+cdef _Field _E_ID = _Field(Event, "event_id")
+cdef _Field _E_ACCOUNT = _Field(Event, "account_id")
+cdef _Field _E_AMOUNT = _Field(Event, "amount")
+cdef _Field _E_CURRENCY = _Field(Event, "currency")
+cdef _Field _E_OCCURRED_AT = _Field(Event, "occurred_at")
+cdef _Field _E_EPOCH = _Field(Event, "epoch")
+cdef _Field _E_FIELDS = _Field(Event, "fields")
+cdef _Field _E_FINGERPRINT = _Field(Event, "fingerprint")
+cdef _Field _B_COUNT = _Field(Bucket, "count")
+cdef _Field _B_AMOUNT = _Field(Bucket, "amount")
+cdef _Field _B_PERIOD_END = _Field(Bucket, "period_end")
+cdef _Field _A_SEQ = _Field(Account, "seq")
+cdef _Field _W_SNAPSHOT = _Field(WorkingState, "snapshot")
+cdef _Field _W_DIRTY_BUCKETS = _Field(WorkingState, "dirty_buckets")
+cdef _Field _W_DIRTY_ACCOUNTS = _Field(WorkingState, "dirty_accounts")
+cdef _Field _W_DIRTY_EVENTS = _Field(WorkingState, "dirty_events")
+cdef _Field _S_BUCKETS = _Field(Snapshot, "buckets")
+cdef _Field _S_ACCOUNTS = _Field(Snapshot, "accounts")
+cdef _Field _S_EVENTS = _Field(Snapshot, "events")
+cdef _Field _S_EXPIRED = _Field(Snapshot, "expired_events")
+cdef _Field _C_FAST = None
+"""``_CompiledRule.fast``, set by the first ``FastCore`` (handlers.decide imports this
+module before it defines the class)."""
+
+
+def slot_fields():
+    """Whether every attribute above is read and written in its slot (for a test: a
+    change of msgspec or of a class that left one to ``getattr`` would only be slower)."""
+    fields = [_E_TYPE, _E_ID, _E_ACCOUNT, _E_AMOUNT, _E_CURRENCY, _E_OCCURRED_AT, _E_EPOCH,
+              _E_FIELDS, _E_FINGERPRINT, _B_COUNT, _B_AMOUNT, _B_PERIOD_END, _A_SEQ,
+              _W_SNAPSHOT, _W_DIRTY_BUCKETS, _W_DIRTY_ACCOUNTS, _W_DIRTY_EVENTS, _S_BUCKETS,
+              _S_ACCOUNTS, _S_EVENTS, _S_EXPIRED, _C_FAST]
+    return {
+        f"{f.owner_type.__name__}.{f.name}": f.offset >= 0 for f in fields if f is not None
+    }
+
 
 cdef object _PAYMENT = EventType.PAYMENT
 cdef object _TRANSACTION = Window.TRANSACTION
@@ -226,6 +332,10 @@ cdef class _Rule:
     cdef int exponent
     """The rule currency's minor unit, -1 without a currency."""
     cdef bytes limit_head
+    cdef object limit_period
+    cdef bytes limit_start
+    """``limit_head``, ``limit_period`` as JSON and the name after it: how every
+    ``LimitState`` of the rule in that period starts, kept while events stay in it."""
     cdef bytes count_head
     cdef bytes amount_head
     cdef bytes count_limit
@@ -265,6 +375,8 @@ cdef class _Rule:
             self.max_amount = compiled.max_amount if self.has_amount else 0
         head = b'{"rule_id":' + _json_text(rule.id)
         self.limit_head = head + b',"window":' + _json_text(self.window.value) + b',"period":'
+        self.limit_period = None
+        self.limit_start = None
         self.count_head = head + b',"metric":"count","period":'
         self.amount_head = head + b',"metric":"amount","period":'
         self.count_limit = _json_text(compiled.count_limit_text or "")
@@ -312,10 +424,13 @@ cdef class FastCore:
 
     def __init__(self, compiled_rules, version, applied_type, outcome_type, verdict_kind,
                  escape, short_key, ceiling, python_plan, python_decide, python_payment):
+        global _C_FAST
         cdef Py_ssize_t i
         self.clocks = []
         rules = []
         for c in compiled_rules:
+            if _C_FAST is None:
+                _C_FAST = _Field(type(c), "fast")
             if not any(c.clock is known for known in self.clocks):
                 self.clocks.append(c.clock)
             index = next(i for i, known in enumerate(self.clocks) if c.clock is known)
@@ -369,7 +484,7 @@ cdef class FastCore:
     def plan(self, event):
         """``Decider.plan``: here for a payment whose scope and match values are strings
         and whose keys are short, by the Python path for anything else."""
-        if event.type is not _PAYMENT:
+        if _E_TYPE.get(event) is not _PAYMENT:
             return ()
         applied = self._plan(event)
         return self.python_plan(event) if applied is None else applied
@@ -377,7 +492,7 @@ cdef class FastCore:
     cdef object _plan(self, event):
         """The applied rules of a payment; None, for the Python path, when a scope or
         match value is not a string or a key is long."""
-        cdef dict fields = event.fields
+        cdef dict fields = _E_FIELDS.get(event)
         cdef list applied = []
         cdef _Rule r
         cdef object raw, value, tail, period, key, end
@@ -385,8 +500,8 @@ cdef class FastCore:
         cdef tuple entry
         cdef list parts
         cdef bint skip
-        epoch = event.epoch
-        for r in self._candidates(event.currency):
+        epoch = _E_EPOCH.get(event)
+        for r in self._candidates(_E_CURRENCY.get(event)):
             if r.simple_scope is not None:
                 raw = fields.get(r.simple_scope, r.absent_as)
                 if raw is None:
@@ -440,7 +555,10 @@ cdef class FastCore:
 
     def decide(self, event, tuple applied, state):
         """``Decider.decide``: a new payment here, anything else by the Python path."""
-        if event.type is not _PAYMENT or event.event_id in state.snapshot.events:
+        if (
+            _E_TYPE.get(event) is not _PAYMENT
+            or _E_ID.get(event) in <dict>_S_EVENTS.get(_W_SNAPSHOT.get(state))
+        ):
             return self.python_decide(event, applied, state)
         outcome = self._payment(event, applied, state)
         if outcome is None:
@@ -451,9 +569,11 @@ cdef class FastCore:
         """``Decider._payment``; None, with nothing changed, for what the compiled path
         does not take."""
         cdef Py_ssize_t n = len(applied), i
-        cdef object amount_py = event.amount
+        cdef object amount_py = _E_AMOUNT.get(event)
         cdef long long amount, count, used
-        cdef dict buckets = state.snapshot.buckets
+        cdef object snapshot = _W_SNAPSHOT.get(state)
+        cdef dict buckets = _S_BUCKETS.get(snapshot)
+        cdef dict accounts, events, expired_events
         cdef _Rule r
         cdef tuple a
         cdef object bucket, key, end, value
@@ -476,7 +596,7 @@ cdef class FastCore:
             # what each applied rule's bucket holds, and every limit the event breaks
             for i in range(n):
                 a = <tuple>applied[i]
-                r = <_Rule>a[0].fast
+                r = <_Rule>_C_FAST.get(a[0])
                 if not r.usable:
                     return None
                 rules.append(r)
@@ -494,11 +614,11 @@ cdef class FastCore:
                 if bucket is None:
                     count = used = 0
                 else:
-                    value = bucket.count
+                    value = _B_COUNT.get(bucket)
                     if type(value) is not int or not (0 <= value < _SMALL):
                         return None
                     count = value
-                    value = bucket.amount
+                    value = _B_AMOUNT.get(bucket)
                     if type(value) is not int or not (0 <= value <= self.ceiling):
                         return None
                     used = value
@@ -522,7 +642,7 @@ cdef class FastCore:
             out.size = 0
             keys = []
             if accepted:
-                dirty = state.dirty_buckets
+                dirty = _W_DIRTY_BUCKETS.get(state)
                 for i in range(n):
                     a = <tuple>applied[i]
                     r = <_Rule>rules[i]
@@ -538,10 +658,10 @@ cdef class FastCore:
                         if bucket is None:
                             buckets[key] = Bucket(count, used, 0, end)
                         else:
-                            bucket.count = count
-                            bucket.amount = used
-                            if end is not None and (bucket.period_end or 0) < end:
-                                bucket.period_end = end
+                            _B_COUNT.set(bucket, count)
+                            _B_AMOUNT.set(bucket, used)
+                            if end is not None and (_B_PERIOD_END.get(bucket) or 0) < end:
+                                _B_PERIOD_END.set(bucket, end)
                         PySet_Add(dirty, key)
                         keys.append(key)
                     self._limit(out, r, a[1], count, used, i)
@@ -558,17 +678,17 @@ cdef class FastCore:
         finally:
             free(counts)
 
-        snapshot = state.snapshot
-        event_id = event.event_id
-        account_id = event.account_id
-        account = snapshot.accounts.get(account_id)
+        event_id = _E_ID.get(event)
+        account_id = _E_ACCOUNT.get(event)
+        accounts = _S_ACCOUNTS.get(snapshot)
+        account = accounts.get(account_id)
         if account is None:
-            account = snapshot.accounts[account_id] = Account()
-        PySet_Add(state.dirty_accounts, account_id)
-        account.seq += 1
-        seq = account.seq
+            account = accounts[account_id] = Account()
+        PySet_Add(_W_DIRTY_ACCOUNTS.get(state), account_id)
+        seq = _A_SEQ.get(account) + 1
+        _A_SEQ.set(account, seq)
 
-        currency = event.currency
+        currency = _E_CURRENCY.get(event)
         out = self.head
         out.size = 0
         out.raw(b'{"event_id":', 12)
@@ -586,7 +706,7 @@ cdef class FastCore:
         out.put(b',"violations":[')
         out.extend(self.violations)
         out.put(b'],"occurred_at":')
-        out.quoted(event.occurred_at)
+        out.quoted(_E_OCCURRED_AT.get(event))
         out.put(b',"amount":')
         out.minor(amount, MINOR_UNITS[currency])
         out.put(b',"currency":')
@@ -599,11 +719,13 @@ cdef class FastCore:
         encoded = out.take()
 
         # the idempotency record, as WorkingState.put_event stores it
-        expired = snapshot.expired_events.get(event_id)
-        snapshot.events[event_id] = EventRecord(
-            event.fingerprint,
+        expired_events = _S_EXPIRED.get(snapshot)
+        expired = expired_events.get(event_id)
+        events = _S_EVENTS.get(snapshot)
+        events[event_id] = EventRecord(
+            _E_FINGERPRINT.get(event),
             account_id,
-            event.type,
+            _PAYMENT,
             accepted,
             seq,
             encoded,
@@ -611,12 +733,12 @@ cdef class FastCore:
             currency,
             0,
             tuple(keys),
-            event.epoch,
+            _E_EPOCH.get(event),
             0 if expired is None else expired.version,
             None if expired is None else expired.expires_at,
             None if keys else (),
         )
-        PySet_Add(state.dirty_events, event_id)
+        PySet_Add(_W_DIRTY_EVENTS.get(state), event_id)
         outcome = lf_tuple_of(self.outcome_type, 6)
         for i, value in enumerate((self.verdict_kind, encoded, decision, reason, None, None)):
             Py_INCREF(value)
@@ -640,9 +762,10 @@ cdef class FastCore:
         """One ``LimitState``: a rule's bucket after the decision."""
         if index:
             out.raw(b",", 1)
-        out.put(r.limit_head)
-        out.quoted(period)
-        out.put(b',"count_used":')
+        if period is not r.limit_period:
+            r.limit_start = r.limit_head + _json_text(period) + b',"count_used":'
+            r.limit_period = period
+        out.put(r.limit_start)
         out.integer(count)
         if r.has_count:
             out.put(b',"count_limit":')

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from msgspec.structs import astuple
 
 from benchmarks.generate import events as generated
 from handlers import decide
@@ -268,3 +269,48 @@ def test_the_built_extension_is_not_older_than_its_source() -> None:
     assert Path(built).stat().st_mtime >= source.stat().st_mtime, (
         "handlers/_fastcore.pyx changed since the extension was built: pip install -e ."
     )
+
+
+def test_every_attribute_the_compiled_path_reads_is_read_in_its_slot() -> None:
+    """Slower, not wrong, if not: a change of msgspec or of a state class that left one
+    attribute to ``getattr`` would show here first."""
+    from schemas.rules import load_rules
+
+    assert decide._fastcore is not None, "handlers._fastcore is not built"
+    Decider(load_rules(EXAMPLE_RULES))  # the first one finds _CompiledRule.fast
+    fields = decide._fastcore.slot_fields()
+    assert len(fields) == 22
+    assert all(fields.values()), fields
+
+
+class _OtherState(WorkingState):
+    __slots__ = ()
+
+
+class _OtherSnapshot(Snapshot):
+    pass
+
+
+class _OtherBucket(Bucket):
+    pass
+
+
+def test_instances_of_other_classes_are_read_and_written_by_their_attributes() -> None:
+    """A subclass may lay its slots out otherwise: the compiled path reads and writes them
+    by name, and decides as it does on the classes themselves."""
+    from schemas.rules import load_rules
+
+    rules = load_rules(EXAMPLE_RULES)
+    lines = list(generated(2_000, accounts=30, merchants=5))
+    compiled, python = both(rules)
+    first = parse_event(lines[0])
+    key = next(a.key for a in python.plan(first) if a.key is not None)
+    other = _OtherState(_OtherSnapshot(buckets={key: _OtherBucket(0, 0)}))
+    plain = WorkingState(Snapshot(buckets={key: Bucket(0, 0)}))
+    assert outcomes(compiled, lines, other) == outcomes(python, lines, plain)
+    changed = other.snapshot.buckets.pop(key)
+    assert type(changed) is _OtherBucket
+    assert astuple(changed) == astuple(plain.snapshot.buckets.pop(key))
+    assert other.snapshot.buckets == plain.snapshot.buckets
+    assert other.snapshot.events == plain.snapshot.events
+    assert other.snapshot.accounts == plain.snapshot.accounts
