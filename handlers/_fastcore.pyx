@@ -9,18 +9,20 @@ duplicate, a reversal) and anything unusual (a scope or match field that is not 
 string, a long key, a number past 62 bits) goes to the Python path, so the two never
 differ on an edge case: ``tests/unit/test_fastcore.py`` decides the same streams both
 ways and compares every byte. It reads and writes the attributes of the event and of the
-state records in their slots (``_Field``), as Python's member descriptors do, without
+state records in their slots (``handlers._slots.Field``), as Python's member descriptors do, without
 the attribute lookup each time.
 """
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem
-from cpython.object cimport Py_TYPE, PyObject, PyTypeObject
+from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.set cimport PySet_Add
 from cpython.tuple cimport PyTuple_SET_ITEM
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
+
+from handlers._slots cimport Field
 
 import msgspec
 
@@ -71,94 +73,28 @@ cdef extern from *:
     bint lf_plain(str s)
     const char* lf_json_ascii(str s, Py_ssize_t* n)
 
-cdef extern from *:
-    """
-    #include <structmember.h>
-    /* The offset of an object slot: a member descriptor of a __slots__ name or of a
-       msgspec struct field; -1 for any other attribute. */
-    static Py_ssize_t lf_slot_offset(PyObject* descr) {
-        PyMemberDef* member;
-        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) return -1;
-        member = ((PyMemberDescrObject*)descr)->d_member;
-        if (member->type != T_OBJECT_EX || (member->flags & READONLY)) return -1;
-        return member->offset;
-    }
-    /* What a slot holds (a borrowed reference), NULL when it is unset. */
-    static inline PyObject* lf_slot(PyObject* obj, Py_ssize_t offset) {
-        return *(PyObject**)((char*)obj + offset);
-    }
-    /* Put a new reference to value in a slot, releasing what it held. */
-    static inline void lf_set_slot(PyObject* obj, Py_ssize_t offset, PyObject* value) {
-        PyObject** slot = (PyObject**)((char*)obj + offset);
-        PyObject* old = *slot;
-        Py_INCREF(value);
-        *slot = value;
-        Py_XDECREF(old);
-    }
-    """
-    Py_ssize_t lf_slot_offset(PyObject* descr)
-    PyObject* lf_slot(object obj, Py_ssize_t offset)
-    void lf_set_slot(object obj, Py_ssize_t offset, object value)
-
-
-cdef class _Field:
-    """One attribute of instances of exactly one class, read and written straight in its
-    slot (as ``member_descriptor`` does, without the attribute lookup); an instance of
-    any other class, an unset slot or an attribute that is not a plain object slot takes
-    ``getattr``/``setattr``."""
-
-    cdef readonly object owner_type
-    cdef PyTypeObject* owner
-    cdef readonly Py_ssize_t offset
-    cdef readonly str name
-
-    def __init__(self, owner, str name):
-        if not isinstance(owner, type):
-            raise TypeError(f"not a class: {owner!r}")
-        self.owner_type = owner  # held, so that ``owner`` stays valid
-        self.owner = <PyTypeObject*>owner
-        self.name = name
-        descr = owner.__dict__.get(name)
-        self.offset = -1 if descr is None else lf_slot_offset(<PyObject*>descr)
-
-    cdef inline object get(self, object obj):
-        cdef PyObject* found
-        if self.offset >= 0 and Py_TYPE(obj) == self.owner:
-            found = lf_slot(obj, self.offset)
-            if found != NULL:
-                return <object>found
-        return getattr(obj, self.name)
-
-    cdef inline int set(self, object obj, object value) except -1:
-        if self.offset >= 0 and Py_TYPE(obj) == self.owner:
-            lf_set_slot(obj, self.offset, value)
-        else:
-            setattr(obj, self.name, value)
-        return 0
-
-
-cdef _Field _E_TYPE = _Field(Event, "type")
-cdef _Field _E_ID = _Field(Event, "event_id")
-cdef _Field _E_ACCOUNT = _Field(Event, "account_id")
-cdef _Field _E_AMOUNT = _Field(Event, "amount")
-cdef _Field _E_CURRENCY = _Field(Event, "currency")
-cdef _Field _E_OCCURRED_AT = _Field(Event, "occurred_at")
-cdef _Field _E_EPOCH = _Field(Event, "epoch")
-cdef _Field _E_FIELDS = _Field(Event, "fields")
-cdef _Field _E_FINGERPRINT = _Field(Event, "fingerprint")
-cdef _Field _B_COUNT = _Field(Bucket, "count")
-cdef _Field _B_AMOUNT = _Field(Bucket, "amount")
-cdef _Field _B_PERIOD_END = _Field(Bucket, "period_end")
-cdef _Field _A_SEQ = _Field(Account, "seq")
-cdef _Field _W_SNAPSHOT = _Field(WorkingState, "snapshot")
-cdef _Field _W_DIRTY_BUCKETS = _Field(WorkingState, "dirty_buckets")
-cdef _Field _W_DIRTY_ACCOUNTS = _Field(WorkingState, "dirty_accounts")
-cdef _Field _W_DIRTY_EVENTS = _Field(WorkingState, "dirty_events")
-cdef _Field _S_BUCKETS = _Field(Snapshot, "buckets")
-cdef _Field _S_ACCOUNTS = _Field(Snapshot, "accounts")
-cdef _Field _S_EVENTS = _Field(Snapshot, "events")
-cdef _Field _S_EXPIRED = _Field(Snapshot, "expired_events")
-cdef _Field _C_FAST = None
+cdef Field _E_TYPE = Field(Event, "type")
+cdef Field _E_ID = Field(Event, "event_id")
+cdef Field _E_ACCOUNT = Field(Event, "account_id")
+cdef Field _E_AMOUNT = Field(Event, "amount")
+cdef Field _E_CURRENCY = Field(Event, "currency")
+cdef Field _E_OCCURRED_AT = Field(Event, "occurred_at")
+cdef Field _E_EPOCH = Field(Event, "epoch")
+cdef Field _E_FIELDS = Field(Event, "fields")
+cdef Field _E_FINGERPRINT = Field(Event, "fingerprint")
+cdef Field _B_COUNT = Field(Bucket, "count")
+cdef Field _B_AMOUNT = Field(Bucket, "amount")
+cdef Field _B_PERIOD_END = Field(Bucket, "period_end")
+cdef Field _A_SEQ = Field(Account, "seq")
+cdef Field _W_SNAPSHOT = Field(WorkingState, "snapshot")
+cdef Field _W_DIRTY_BUCKETS = Field(WorkingState, "dirty_buckets")
+cdef Field _W_DIRTY_ACCOUNTS = Field(WorkingState, "dirty_accounts")
+cdef Field _W_DIRTY_EVENTS = Field(WorkingState, "dirty_events")
+cdef Field _S_BUCKETS = Field(Snapshot, "buckets")
+cdef Field _S_ACCOUNTS = Field(Snapshot, "accounts")
+cdef Field _S_EVENTS = Field(Snapshot, "events")
+cdef Field _S_EXPIRED = Field(Snapshot, "expired_events")
+cdef Field _C_FAST = None
 """``_CompiledRule.fast``, set by the first ``FastCore`` (handlers.decide imports this
 module before it defines the class)."""
 
@@ -430,7 +366,7 @@ cdef class FastCore:
         rules = []
         for c in compiled_rules:
             if _C_FAST is None:
-                _C_FAST = _Field(type(c), "fast")
+                _C_FAST = Field(type(c), "fast")
             if not any(c.clock is known for known in self.clocks):
                 self.clocks.append(c.clock)
             index = next(i for i, known in enumerate(self.clocks) if c.clock is known)
