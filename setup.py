@@ -1,7 +1,8 @@
-"""Builds the compiled payment path (``handlers/_fastcore.pyx``, with ``handlers/_slots``)
-and the compiled common-event parser (``schemas/_fastparse.pyx``); everything else is in
-pyproject.toml. Without a C compiler the build goes on without them (``optional``), and
-limitflow parses and decides every event in Python, the same way, only slower."""
+"""Builds the compiled payment path (``handlers/_fastcore.pyx``, with ``handlers/_slots``),
+the memory store's compiled read and write (``stores/_fastmemory.pyx``) and the compiled
+common-event parser (``schemas/_fastparse.pyx``); everything else is in pyproject.toml.
+Without a C compiler the build goes on without them (``optional``), and limitflow parses,
+decides and keeps every event in Python, the same way, only slower."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -10,6 +11,7 @@ extensions = cythonize(
     [
         Extension("handlers._slots", ["handlers/_slots.pyx"]),
         Extension("handlers._fastcore", ["handlers/_fastcore.pyx"]),
+        Extension("stores._fastmemory", ["stores/_fastmemory.pyx"]),
         Extension("schemas._fastparse", ["schemas/_fastparse.pyx"]),
     ],
     compiler_directives={"language_level": "3"},

@@ -37,6 +37,7 @@ the last one's by at least the retention, under the same condition on the clocks
 from __future__ import annotations
 
 import abc
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from handlers.state import Keys, Snapshot, Writes
 from limitflow.errors import StoreRejected
 
 _MALFORMED = (
+    struct.error,  # a packed memory record of the wrong size
     KeyError,
     TypeError,
     ValueError,
