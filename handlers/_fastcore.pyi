@@ -1,7 +1,9 @@
 """Types of the compiled payment path (``_fastcore.pyx``), for mypy."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from handlers.state import Keys, WorkingState, Writes
 
 class FastCore:
     def __init__(
@@ -22,3 +24,5 @@ class FastCore:
     def decide(self, event: Any, applied: tuple[Any, ...], state: Any) -> Any: ...
 
 def slot_fields() -> dict[str, bool]: ...
+def keys(events: Sequence[Any], plans: Sequence[tuple[Any, ...]]) -> Keys: ...
+def take_writes(state: WorkingState) -> Writes: ...

@@ -26,7 +26,7 @@ from handlers._slots cimport Field
 
 import msgspec
 
-from handlers.state import Account, Bucket, EventRecord, Snapshot, WorkingState
+from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, WorkingState, Writes
 from schemas.currencies import MINOR_UNITS
 from schemas.events import Event, EventType
 from schemas.rules import Window
@@ -724,3 +724,65 @@ cdef class FastCore:
             out.minor(r.max_amount - used if used < r.max_amount else 0, r.exponent)
             out.raw(b"}", 1)
         return 0
+
+
+cdef Field _E_ORIGINAL = Field(Event, "original_event_id")
+cdef Field _K_BUCKETS = Field(Keys, "buckets")
+cdef Field _K_ACCOUNTS = Field(Keys, "accounts")
+cdef Field _K_EVENTS = Field(Keys, "events")
+cdef Field _B_VERSION = Field(Bucket, "version")
+cdef Field _A_VERSION = Field(Account, "version")
+cdef Field _R_VERSION = Field(EventRecord, "version")
+cdef Field _WR_BUCKETS = Field(Writes, "buckets")
+cdef Field _WR_ACCOUNTS = Field(Writes, "accounts")
+cdef Field _WR_EVENTS = Field(Writes, "events")
+
+
+def keys(events, plans):
+    """``Decider.keys``: every record the events need, except the buckets of reversed
+    originals."""
+    found = Keys()
+    cdef set buckets = _K_BUCKETS.get(found)
+    cdef set accounts = _K_ACCOUNTS.get(found)
+    cdef set ids = _K_EVENTS.get(found)
+    cdef Py_ssize_t n = len(events), i
+    cdef tuple applied
+    if len(plans) != n:  # zip(strict=True)'s error
+        raise ValueError("zip() argument 2 is shorter or longer than argument 1")
+    for i in range(n):
+        event = events[i]
+        PySet_Add(accounts, _E_ACCOUNT.get(event))
+        PySet_Add(ids, _E_ID.get(event))
+        original = _E_ORIGINAL.get(event)
+        if original is not None:
+            PySet_Add(ids, original)
+        applied = plans[i]
+        for a in applied:
+            key = a[2]  # Applied.key
+            if key is not None:
+                PySet_Add(buckets, key)
+    return found
+
+
+def take_writes(state):
+    """``WorkingState.take_writes``: every changed record, its version advanced by one."""
+    writes = Writes()
+    snapshot = _W_SNAPSHOT.get(state)
+    _take(_S_BUCKETS.get(snapshot), _W_DIRTY_BUCKETS.get(state), _WR_BUCKETS.get(writes),
+          _B_VERSION)
+    _take(_S_ACCOUNTS.get(snapshot), _W_DIRTY_ACCOUNTS.get(state), _WR_ACCOUNTS.get(writes),
+          _A_VERSION)
+    _take(_S_EVENTS.get(snapshot), _W_DIRTY_EVENTS.get(state), _WR_EVENTS.get(writes),
+          _R_VERSION)
+    (<set>_W_DIRTY_BUCKETS.get(state)).clear()
+    (<set>_W_DIRTY_ACCOUNTS.get(state)).clear()
+    (<set>_W_DIRTY_EVENTS.get(state)).clear()
+    return writes
+
+
+cdef int _take(dict records, set dirty, dict writes, Field version) except -1:
+    for key in dirty:
+        record = records[key]
+        version.set(record, version.get(record) + 1)
+        writes[key] = record
+    return 0

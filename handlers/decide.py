@@ -194,6 +194,7 @@ class Decider:
             # the compiled methods themselves, with no Python frame per event before them
             self.plan = self._fast.plan  # type: ignore[method-assign]
             self.decide = self._fast.decide  # type: ignore[method-assign]
+            self.keys = _fastcore.keys  # type: ignore[method-assign]
 
     @property
     def compiled(self) -> bool:
@@ -264,7 +265,8 @@ class Decider:
 
     @staticmethod
     def keys(events: Sequence[Event], plans: Sequence[tuple[Applied, ...]]) -> Keys:
-        """Every record the events need, except the buckets of reversed originals."""
+        """Every record the events need, except the buckets of reversed originals. (On the
+        compiled path an instance's ``keys`` is ``handlers._fastcore.keys``, its twin.)"""
         keys = Keys()
         for event, applied in zip(events, plans, strict=True):
             keys.accounts.add(event.account_id)

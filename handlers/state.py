@@ -226,6 +226,13 @@ class WorkingState:
         The records are this state's own objects, not copies: a store must serialise or
         copy them during ``commit`` and keep no reference (later units change them).
         """
+        if _compiled_take_writes is not None:
+            return _compiled_take_writes(self)
+        return self._take_writes()
+
+    def _take_writes(self) -> Writes:
+        """``take_writes`` in Python: the reference, and what runs without a C compiler
+        (``handlers._fastcore.take_writes`` is its compiled twin)."""
         writes = Writes()
         snapshot = self.snapshot
         for key in self.dirty_buckets:
@@ -244,3 +251,11 @@ class WorkingState:
         self.dirty_accounts.clear()
         self.dirty_events.clear()
         return writes
+
+
+# Last, once every class above exists (the compiled module imports them): the compiled
+# twin of ``WorkingState._take_writes``, when built.
+try:
+    from handlers._fastcore import take_writes as _compiled_take_writes
+except ImportError:  # built without a C compiler
+    _compiled_take_writes = None  # type: ignore[assignment]

@@ -316,3 +316,31 @@ def test_instances_of_other_classes_are_read_and_written_by_their_attributes() -
     assert other.snapshot.buckets == plain.snapshot.buckets
     assert other.snapshot.events == plain.snapshot.events
     assert other.snapshot.accounts == plain.snapshot.accounts
+
+
+def test_keys_and_take_writes_are_the_same_both_ways() -> None:
+    """``handlers._fastcore.keys`` and ``take_writes`` against ``Decider.keys`` and
+    ``WorkingState._take_writes``, on the same decided stream."""
+    from schemas.rules import load_rules
+
+    assert decide._fastcore is not None, "handlers._fastcore is not built"
+    rules = load_rules(EXAMPLE_RULES)
+    python = Decider(rules, compiled=False)
+    lines = list(generated(3_000, accounts=40, merchants=6))
+    events = [parse_event(line) for line in lines]
+    plans = [python.plan(event) for event in events]
+    assert decide._fastcore.keys(events, plans) == Decider.keys(events, plans)
+    assert any(event.original_event_id for event in events)
+    with pytest.raises(ValueError):
+        decide._fastcore.keys(events, plans[:-1])
+    states = WorkingState(Snapshot()), WorkingState(Snapshot())
+    for state in states:
+        outcomes(python, lines[:1_500], state)
+        state.take_writes()  # versions 1: then the same records change again
+        outcomes(python, lines[1_500:], state)
+    compiled_writes = decide._fastcore.take_writes(states[0])
+    python_writes = states[1]._take_writes()
+    assert compiled_writes == python_writes
+    assert max(b.version for b in compiled_writes.buckets.values()) == 2
+    assert states[0].snapshot == states[1].snapshot
+    assert not states[0].pending and not states[1].pending
