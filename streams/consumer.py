@@ -20,7 +20,9 @@ import contextlib
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from operator import attrgetter
 from typing import Final, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition  # type: ignore[import-untyped]
@@ -35,6 +37,8 @@ from streams.ops import ConsumerState, Health, Metrics
 from streams.output import Message, Output, messages
 
 log = logging.getLogger("limitflow.consumer")
+_LABELS: Final = attrgetter("kind", "error", "decision", "reason")
+"""What a result's metrics are labelled by."""
 
 _T = TypeVar("_T")
 Batch = Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
@@ -352,16 +356,19 @@ class VelocityConsumer:
     # -- metrics ------------------------------------------------------------------
 
     def _count_results(self, results: list[Result]) -> None:
-        for result in results:
-            if result.kind is OutcomeKind.DEAD_LETTER:
-                assert result.error is not None
-                self.metrics.dead_letters.labels(result.error.value).inc()
+        # counted per label set first: a child's lookup (labels()) costs microseconds,
+        # once per event it was ~4% of a backlog's drain
+        counts = Counter(map(_LABELS, results))
+        for (kind, error, decision, reason), count in counts.items():
+            if kind is OutcomeKind.DEAD_LETTER:
+                assert error is not None
+                self.metrics.dead_letters.labels(error.value).inc(count)
             else:
                 self.metrics.verdicts.labels(
-                    str(result.decision),
-                    str(result.reason) if result.reason else "none",
-                    "true" if result.kind is OutcomeKind.DUPLICATE else "false",
-                ).inc()
+                    str(decision),
+                    str(reason) if reason else "none",
+                    "true" if kind is OutcomeKind.DUPLICATE else "false",
+                ).inc(count)
 
     def _count_store_work(self) -> None:
         store = self.engine.store

@@ -20,7 +20,7 @@ from limitflow.settings import load_run_settings
 from schemas.rules import load_rules
 from stores.memory import MemoryStore
 from streams.consumer import VelocityConsumer
-from streams.engine import Engine
+from streams.engine import Engine, Record
 from streams.ops import ConsumerState, Health, Metrics
 from streams.output import Output
 
@@ -102,3 +102,51 @@ async def test_a_take_over_that_fails_for_good_stops_the_consumer_with_partition
     with pytest.raises(BrokerRejected):
         await asyncio.wait_for(loop, 5)
     assert runner.health.state is ConsumerState.FAILED
+
+
+async def test_results_are_counted_by_decision_reason_and_error() -> None:
+    """Counted per label set, once per batch: the totals are still one per result."""
+    settings = load_run_settings(
+        {
+            "bootstrap_servers": "127.0.0.1:9",
+            "input_topic": "in",
+            "output_topic": "out",
+            "dead_letter_topic": "dead",
+            "group_id": "g",
+            "rules": RULES,
+            "store": "memory://",
+        },
+        {},
+    )
+    metrics = Metrics()
+    engine = Engine(Decider(load_rules(RULES)), MemoryStore())
+    runner = VelocityConsumer(
+        settings,
+        engine,
+        _Consumer(),  # type: ignore[arg-type]
+        _FencingRefused(),
+        Health(metrics),
+        metrics,
+    )
+    lines = [
+        b'{"event_id": "e1", "account_id": "a", "amount": "1.00", "currency": "CNY",'
+        b' "occurred_at": "2026-03-01T00:00:00Z"}',
+        b'{"event_id": "e2", "account_id": "a", "amount": "9999.00", "currency": "CNY",'
+        b' "occurred_at": "2026-03-01T00:00:01Z"}',
+        b"not json",
+        b"{}",
+        b"[1, 2",
+    ]
+    records = [Record(line, {"line": n}) for n, line in enumerate(lines, 1)]
+    first = await engine.process(records)
+    again = await engine.process(records[:2]) + await engine.process(records[:2])  # resent
+    runner._count_results(first + again)
+    value = metrics.registry.get_sample_value
+    verdict = {"decision": "accept", "reason": "none", "duplicate": "false"}
+    assert value("limitflow_verdicts_total", verdict) == 1
+    assert value("limitflow_verdicts_total", {**verdict, "duplicate": "true"}) == 2
+    limit = {"decision": "reject", "reason": "limit_exceeded"}
+    assert value("limitflow_verdicts_total", {**limit, "duplicate": "false"}) == 1
+    assert value("limitflow_verdicts_total", {**limit, "duplicate": "true"}) == 2
+    assert value("limitflow_dead_letters_total", {"error": "invalid_json"}) == 2
+    assert value("limitflow_dead_letters_total", {"error": "invalid_event"}) == 1
