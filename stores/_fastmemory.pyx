@@ -118,6 +118,10 @@ def pack_bucket(b):
 
 def unpack_bucket(bytes packed):
     """``stores.memory._unpack_bucket``."""
+    return _unpack_bucket(packed)
+
+
+cdef object _unpack_bucket(bytes packed):
     cdef _Row row
     _row(packed, &row)
     return Bucket(
@@ -243,7 +247,6 @@ def write(dict buckets, dict accounts, dict events, writes, expected, encode, co
 def read(dict buckets, dict accounts, dict events, keys, unpack):
     """``MemoryStore._read`` after its round trip is counted; event records are read
     with ``unpack`` (the codec's; None: the store holds none yet)."""
-    cdef _Row row
     snapshot = Snapshot()
     cdef dict s_buckets = _S_BUCKETS.get(snapshot)
     cdef dict s_accounts = _S_ACCOUNTS.get(snapshot)
@@ -251,15 +254,7 @@ def read(dict buckets, dict accounts, dict events, keys, unpack):
     for key in _K_BUCKETS.get(keys):
         packed = buckets.get(key)
         if packed is not None:
-            _row(packed, &row)
-            s_buckets[key] = Bucket(
-                row.count,
-                row.amount,
-                row.version,
-                _unpacked(row.period_end),
-                _unpacked(row.expires_at),
-                row.born,
-            )
+            s_buckets[key] = _unpack_bucket(packed)
     for key in _K_ACCOUNTS.get(keys):
         account = accounts.get(key)
         if account is not None:

@@ -69,9 +69,8 @@ class _FencingRefused(Output):
         return None
 
 
-async def test_a_take_over_that_fails_for_good_stops_the_consumer_with_partitions_paused() -> None:
-    # aiokafka logged the error and the partitions were resumed anyway: consumption
-    # went on from offsets whose previous owner had not been fenced
+def _runner(consumer: _Consumer, engine: Engine) -> VelocityConsumer:
+    """A consumer on ``consumer`` whose output refuses to take partitions over."""
     settings = load_run_settings(
         {
             "bootstrap_servers": "127.0.0.1:9",
@@ -84,16 +83,22 @@ async def test_a_take_over_that_fails_for_good_stops_the_consumer_with_partition
         },
         {},
     )
-    consumer = _Consumer()
     metrics = Metrics()
-    runner = VelocityConsumer(
+    return VelocityConsumer(
         settings,
-        Engine(Decider(load_rules(RULES)), MemoryStore()),
+        engine,
         consumer,  # type: ignore[arg-type]
         _FencingRefused(),
         Health(metrics),
         metrics,
     )
+
+
+async def test_a_take_over_that_fails_for_good_stops_the_consumer_with_partitions_paused() -> None:
+    # aiokafka logged the error and the partitions were resumed anyway: consumption
+    # went on from offsets whose previous owner had not been fenced
+    consumer = _Consumer()
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
     loop = asyncio.create_task(runner.run())
     tp = TopicPartition("in", 0)
     consumer.assigned = {tp}
@@ -106,28 +111,9 @@ async def test_a_take_over_that_fails_for_good_stops_the_consumer_with_partition
 
 async def test_results_are_counted_by_decision_reason_and_error() -> None:
     """Counted per label set, once per batch: the totals are still one per result."""
-    settings = load_run_settings(
-        {
-            "bootstrap_servers": "127.0.0.1:9",
-            "input_topic": "in",
-            "output_topic": "out",
-            "dead_letter_topic": "dead",
-            "group_id": "g",
-            "rules": RULES,
-            "store": "memory://",
-        },
-        {},
-    )
-    metrics = Metrics()
     engine = Engine(Decider(load_rules(RULES)), MemoryStore())
-    runner = VelocityConsumer(
-        settings,
-        engine,
-        _Consumer(),  # type: ignore[arg-type]
-        _FencingRefused(),
-        Health(metrics),
-        metrics,
-    )
+    runner = _runner(_Consumer(), engine)
+    metrics = runner.metrics
     lines = [
         b'{"event_id": "e1", "account_id": "a", "amount": "1.00", "currency": "CNY",'
         b' "occurred_at": "2026-03-01T00:00:00Z"}',
