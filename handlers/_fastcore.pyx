@@ -9,8 +9,8 @@ duplicate, a reversal) and anything unusual (a scope or match field that is not 
 string, a long key, a number past 62 bits) goes to the Python path, so the two never
 differ on an edge case: ``tests/unit/test_fastcore.py`` decides the same streams both
 ways and compares every byte. It reads and writes the attributes of the event and of the
-state records in their slots (``handlers._slots.Field``), as Python's member descriptors do, without
-the attribute lookup each time.
+state records in their slots (``handlers._slots.Field``), as Python's member descriptors
+do, without the attribute lookup each time.
 """
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -493,7 +493,7 @@ cdef class FastCore:
         """``Decider.decide``: a new payment here, anything else by the Python path."""
         if (
             _E_TYPE.get(event) is not _PAYMENT
-            or _E_ID.get(event) in <dict>_S_EVENTS.get(_W_SNAPSHOT.get(state))
+            or _E_ID.get(event) in <dict?>_S_EVENTS.get(_W_SNAPSHOT.get(state))
         ):
             return self.python_decide(event, applied, state)
         outcome = self._payment(event, applied, state)
@@ -774,9 +774,9 @@ def take_writes(state):
           _A_VERSION)
     _take(_S_EVENTS.get(snapshot), _W_DIRTY_EVENTS.get(state), _WR_EVENTS.get(writes),
           _R_VERSION)
-    (<set>_W_DIRTY_BUCKETS.get(state)).clear()
-    (<set>_W_DIRTY_ACCOUNTS.get(state)).clear()
-    (<set>_W_DIRTY_EVENTS.get(state)).clear()
+    (<set?>_W_DIRTY_BUCKETS.get(state)).clear()
+    (<set?>_W_DIRTY_ACCOUNTS.get(state)).clear()
+    (<set?>_W_DIRTY_EVENTS.get(state)).clear()
     return writes
 
 
