@@ -181,9 +181,7 @@ class VerdictReader:
     ) -> None:
         deadline = time.monotonic() + seconds
         while self.records < records:
-            for proc in procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"runtime exited with {proc.returncode}")
+            running_still(procs)
             if self._task is not None and self._task.done():
                 self._task.result()
             if time.monotonic() > deadline:
@@ -209,6 +207,13 @@ async def create_topics(kafka: KafkaBroker, topics: Topics, partitions: int) -> 
         await admin.close()
 
 
+def running_still(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Raise if a runtime process has exited."""
+    for proc in procs:
+        if proc.poll() is not None:
+            raise RuntimeError(f"runtime exited with {proc.returncode}")
+
+
 async def settled(
     logs: list[Path], partitions: int, seconds: float, procs: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -229,9 +234,7 @@ async def settled(
             held.append(last)
         if all(h for h in held) and sum(len(h or ()) for h in held) == partitions:
             return
-        for proc in procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"runtime exited with {proc.returncode}")
+        running_still(procs)
         if time.monotonic() > deadline:
             raise TimeoutError(f"partitions held by the workers: {held}")
         await asyncio.sleep(0.1)

@@ -147,12 +147,8 @@ cdef int _check(object key, bint stored, object held_version, object held_expire
     raise ConflictError(f"{key!r} changed since it was read")
 
 
-def pack_event(record, encode, compress):
-    """``stores.memory.Codec.pack``: the header, then ``compress(encode(fields))``."""
-    return _pack_event(record, encode, compress)
-
-
 cdef bytes _pack_event(object record, object encode, object compress):
+    """``stores.memory.Codec.pack``: the header, then ``compress(encode(fields))``."""
     cdef _Header header
     born = _R_BORN.get(record)
     doc = encode(
