@@ -18,7 +18,7 @@ from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.set cimport PySet_Add
-from cpython.tuple cimport PyTuple_SET_ITEM
+from cpython.tuple cimport PyTuple_Check, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_SET_ITEM
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
@@ -255,9 +255,16 @@ cdef class _Rule:
     cdef bint transaction
     cdef object fixed_period
     cdef str prefix
-    cdef object span
+    cdef bint has_span
+    cdef long long span
+    """``_CompiledRule.span`` (when ``has_span``; None for lifetime)."""
     cdef int clock
     """Index of the rule's zone in ``FastCore.clocks``."""
+    cdef long long minute
+    cdef object minute_period
+    """The epoch minute whose period of the rule's window is ``minute_period``, or
+    _NO_MINUTE: kept while events stay in one minute (as ``FastCore._periods`` keeps the
+    zone's keys), which saves looking the window up in them for every event."""
     cdef object last_period
     cdef str last_head
     """``prefix + last_period + "|"``: the start of its bucket keys in that period."""
@@ -272,6 +279,12 @@ cdef class _Rule:
     cdef bytes limit_start
     """``limit_head``, ``limit_period`` as JSON and the name after it: how every
     ``LimitState`` of the rule in that period starts, kept while events stay in it."""
+    cdef bytes count_middle
+    """What follows a ``LimitState``'s ``count_used`` up to its ``amount_used``, when
+    its ``count_remaining`` is not written between (``has_count``: up to that)."""
+    cdef bytes amount_middle
+    """What follows its ``amount_used`` up to its ``amount_remaining`` (without an
+    amount currency: from its ``amount_used``, null, to its end)."""
     cdef bytes count_head
     cdef bytes amount_head
     cdef bytes count_limit
@@ -294,8 +307,11 @@ cdef class _Rule:
         self.transaction = compiled.window is _TRANSACTION
         self.fixed_period = compiled.fixed_period
         self.prefix = compiled.prefix
-        self.span = compiled.span
+        self.has_span = compiled.span is not None
+        self.span = compiled.span if self.has_span else 0
         self.clock = clock
+        self.minute = _NO_MINUTE
+        self.minute_period = None
         self.last_period = None
         self.last_head = None
         self.has_count = compiled.max_count is not None
@@ -321,6 +337,18 @@ cdef class _Rule:
             else _json_text(compiled.max_amount_text)
         )
         self.violation_limit = _json_text(compiled.max_amount_text or "")
+        if self.has_count and self.usable:
+            self.count_middle = (
+                b',"count_limit":' + str(self.max_count).encode() + b',"count_remaining":'
+            )
+        else:
+            self.count_middle = b',"count_limit":null,"count_remaining":null,"amount_used":'
+        if self.exponent < 0:
+            self.amount_middle = (
+                b'null,"amount_limit":' + self.amount_limit + b',"amount_remaining":null}'
+            )
+        else:
+            self.amount_middle = b',"amount_limit":' + self.amount_limit + b',"amount_remaining":'
 
 
 cdef class FastCore:
@@ -432,11 +460,12 @@ cdef class FastCore:
         cdef list applied = []
         cdef _Rule r
         cdef object raw, value, tail, period, key, end
-        cdef long long epoch
+        cdef long long epoch, minute
         cdef tuple entry
         cdef list parts
         cdef bint skip
         epoch = _E_EPOCH.get(event)
+        minute = epoch // 60
         for r in self._candidates(_E_CURRENCY.get(event)):
             if r.simple_scope is not None:
                 raw = fields.get(r.simple_scope, r.absent_as)
@@ -475,11 +504,16 @@ cdef class FastCore:
                     continue
             period = r.fixed_period
             if period is None:
-                period = self._periods(r.clock, epoch)[r.window]
+                if r.minute == minute:
+                    period = r.minute_period
+                else:
+                    period = self._periods(r.clock, epoch)[r.window]
+                    if self.minutes[r.clock] == minute:  # the minute's keys: kept
+                        r.minute, r.minute_period = minute, period
             if r.transaction:
                 applied.append(_tuple4(self.applied_type, r.compiled, period, None, None))
             else:
-                end = None if r.span is None else epoch + r.span
+                end = epoch + r.span if r.has_span else None
                 if period is not r.last_period:
                     r.last_head = r.prefix + period + "|"
                     r.last_period = period
@@ -701,29 +735,21 @@ cdef class FastCore:
         if period is not r.limit_period:
             r.limit_start = r.limit_head + _json_text(period) + b',"count_used":'
             r.limit_period = period
+        # the rule's constant parts are each written at once (count_middle, amount_middle)
         out.put(r.limit_start)
         out.integer(count)
+        out.put(r.count_middle)
         if r.has_count:
-            out.put(b',"count_limit":')
-            out.integer(r.max_count)
-            out.put(b',"count_remaining":')
             out.integer(r.max_count - count if count < r.max_count else 0)
-        else:
-            out.put(b',"count_limit":null,"count_remaining":null')
-        out.put(b',"amount_used":')
-        if r.exponent < 0:
-            out.raw(b"null", 4)
-        else:
-            out.minor(used, r.exponent)
-        out.put(b',"amount_limit":')
-        out.put(r.amount_limit)
-        out.put(b',"amount_remaining":')
-        if not r.has_amount or r.exponent < 0:
-            out.raw(b"null}", 5)
-        else:
-            out.minor(r.max_amount - used if used < r.max_amount else 0, r.exponent)
-            out.raw(b"}", 1)
-        return 0
+            out.raw(b',"amount_used":', 15)
+        if r.exponent < 0:  # no amount currency: amount_middle runs to the end
+            return out.put(r.amount_middle)
+        out.minor(used, r.exponent)
+        out.put(r.amount_middle)
+        if not r.has_amount:
+            return out.raw(b"null}", 5)
+        out.minor(r.max_amount - used if used < r.max_amount else 0, r.exponent)
+        return out.raw(b"}", 1)
 
 
 cdef Field _E_ORIGINAL = Field(Event, "original_event_id")
@@ -758,7 +784,12 @@ def keys(events, plans):
             PySet_Add(ids, original)
         applied = plans[i]
         for a in applied:
-            key = a[2]  # Applied.key
+            # Applied.key, read in its tuple (a[2] of a NamedTuple went through the
+            # type's sequence slot: ~750 instructions, 5 times an event)
+            if PyTuple_Check(a) and PyTuple_GET_SIZE(a) > 2:
+                key = <object>PyTuple_GET_ITEM(a, 2)
+            else:
+                key = a[2]
             if key is not None:
                 PySet_Add(buckets, key)
     return found
