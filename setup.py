@@ -1,6 +1,7 @@
 """Builds the compiled payment path (``handlers/_fastcore.pyx``, with ``handlers/_slots``),
 the memory store's compiled read and write (``stores/_fastmemory.pyx``) and the compiled
-common-event parser (``schemas/_fastparse.pyx``); everything else is in pyproject.toml.
+common-event parser (``schemas/_fastparse.pyx``) and Kafka's default partitioner
+(``streams/_fastkafka.pyx``); everything else is in pyproject.toml.
 Without a C compiler the build goes on without them (``optional``), and limitflow parses,
 decides and keeps every event in Python, the same way, only slower."""
 
@@ -13,6 +14,7 @@ extensions = cythonize(
         Extension("handlers._fastcore", ["handlers/_fastcore.pyx"]),
         Extension("stores._fastmemory", ["stores/_fastmemory.pyx"]),
         Extension("schemas._fastparse", ["schemas/_fastparse.pyx"]),
+        Extension("streams._fastkafka", ["streams/_fastkafka.pyx"]),
     ],
     compiler_directives={"language_level": "3"},
 )

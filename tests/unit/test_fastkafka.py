@@ -1,0 +1,76 @@
+"""The compiled partitioner (``streams._fastkafka``) places every key where aiokafka's
+``DefaultPartitioner`` does: one account's verdicts keep landing on one partition, in
+order, whichever build publishes them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from aiokafka.partitioner import DefaultPartitioner, murmur2  # type: ignore[import-untyped]
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streams import output
+
+try:
+    from streams import _fastkafka
+except ImportError:  # built without a C compiler: the tests that need it say so
+    _fastkafka = None  # type: ignore[assignment]
+
+needs_compiled = pytest.mark.skipif(
+    _fastkafka is None,
+    reason="streams._fastkafka is not built (no C compiler?): pip install -e . builds it",
+)
+
+
+@needs_compiled
+@given(st.binary(max_size=300))
+def test_murmur2_is_the_java_clients(key: bytes) -> None:
+    assert _fastkafka.murmur2(key) == murmur2(key)
+
+
+@needs_compiled
+@given(st.binary(max_size=64), st.integers(min_value=1, max_value=500))
+def test_a_key_goes_to_the_default_partitioners_partition(key: bytes, count: int) -> None:
+    partitions = list(range(count))
+    assert _fastkafka.partition(key, partitions) == DefaultPartitioner()(
+        key, partitions, partitions
+    )
+
+
+_JAVA_CLIENT: list[tuple[bytes, int]] = [
+    (b"21", -973932308),
+    (b"foobar", -790332482),
+    (b"a-little-bit-long-string", -985981536),
+    (b"a-little-bit-longer-string", -1486304829),
+    (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+    (b"abc", 479470107),
+]
+"""The cases of Apache Kafka's ``UtilsTest.testMurmur2`` (the Java client's signed ints)."""
+
+
+@pytest.mark.parametrize(("key", "expected"), _JAVA_CLIENT)
+def test_the_java_clients_own_cases(key: bytes, expected: int) -> None:
+    """Whichever build is in use, as the Java client hashes."""
+    signed = lambda value: value - (1 << 32) if value >= 1 << 31 else value  # noqa: E731
+    assert signed(murmur2(key)) == expected
+    if _fastkafka is not None:
+        assert signed(_fastkafka.murmur2(key)) == expected
+
+
+@needs_compiled
+def test_output_uses_the_compiled_partitioner() -> None:
+    assert output._partition is _fastkafka.partition
+    with pytest.raises(TypeError):
+        _fastkafka.partition(None, [0, 1])  # type: ignore[arg-type]
+
+
+@needs_compiled
+def test_the_built_extension_is_not_older_than_its_source() -> None:
+    """An edit to ``_fastkafka.pyx`` takes effect only once built again."""
+    source = Path(output.__file__).with_name("_fastkafka.pyx")
+    if source.exists():  # (an installed wheel carries no sources to edit)
+        assert Path(_fastkafka.__file__).stat().st_mtime >= source.stat().st_mtime, (
+            "streams/_fastkafka.pyx changed since the extension was built: pip install -e ."
+        )
