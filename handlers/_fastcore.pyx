@@ -100,12 +100,16 @@ module before it defines the class)."""
 
 
 def slot_fields():
-    """Whether every attribute above is read and written in its slot (for a test: a
-    change of msgspec or of a class that left one to ``getattr`` would only be slower)."""
+    """Whether every attribute of this module is read and written in its slot (for a
+    test: a change of msgspec or of a class that left one to ``getattr`` would only be
+    slower)."""
     fields = [_E_TYPE, _E_ID, _E_ACCOUNT, _E_AMOUNT, _E_CURRENCY, _E_OCCURRED_AT, _E_EPOCH,
               _E_FIELDS, _E_FINGERPRINT, _B_COUNT, _B_AMOUNT, _B_PERIOD_END, _A_SEQ,
               _W_SNAPSHOT, _W_DIRTY_BUCKETS, _W_DIRTY_ACCOUNTS, _W_DIRTY_EVENTS, _S_BUCKETS,
-              _S_ACCOUNTS, _S_EVENTS, _S_EXPIRED, _C_FAST]
+              _S_ACCOUNTS, _S_EVENTS, _S_EXPIRED, _C_FAST, _E_ORIGINAL, _K_BUCKETS,
+              _K_ACCOUNTS, _K_EVENTS, _B_VERSION, _A_VERSION, _R_VERSION, _WR_BUCKETS,
+              _WR_ACCOUNTS, _WR_EVENTS, _B_EXPIRES_AT, _B_BORN, _R_OCCURRED, _R_EXPIRES_AT,
+              _R_BORN, _R_BUCKETS]
     return {
         f"{f.owner_type.__name__}.{f.name}": f.offset >= 0 for f in fields if f is not None
     }
@@ -817,3 +821,63 @@ cdef int _take(dict records, set dirty, dict writes, Field version) except -1:
         version.set(record, version.get(record) + 1)
         writes[key] = record
     return 0
+
+
+cdef Field _B_EXPIRES_AT = Field(Bucket, "expires_at")
+cdef Field _B_BORN = Field(Bucket, "born")
+cdef Field _R_OCCURRED = Field(EventRecord, "occurred")
+cdef Field _R_EXPIRES_AT = Field(EventRecord, "expires_at")
+cdef Field _R_BORN = Field(EventRecord, "born")
+cdef Field _R_BUCKETS = Field(EventRecord, "buckets")
+
+
+cdef inline bint _small(object value):
+    """Whether ``value`` is an int the C arithmetic below takes (0 <= value < 2**62)."""
+    return type(value) is int and 0 <= value < _SMALL
+
+
+def stamp(writes, now, bucket_seconds, event_seconds, latest):
+    """``stores.base.stamp``: the expiries as read, then each record's new expiry and
+    life stamps set, for ``Store.commit``. Integers past 62 bits (what a damaged store
+    may hold) are worked out with Python's, as there."""
+    cdef dict buckets = _WR_BUCKETS.get(writes)
+    cdef dict events = _WR_EVENTS.get(writes)
+    cdef dict held_buckets = {}
+    cdef dict held_events = {}
+    cdef bint fast = (
+        _small(now) and _small(bucket_seconds) and _small(event_seconds) and _small(latest)
+    )
+    cdef long long c_now = now if fast else 0
+    cdef long long c_bucket = bucket_seconds if fast else 0
+    cdef long long c_event = event_seconds if fast else 0
+    cdef long long c_latest = latest if fast else 0
+    cdef long long at
+    for key, bucket in buckets.items():
+        held_buckets[key] = _B_EXPIRES_AT.get(bucket)
+        period_end = _B_PERIOD_END.get(bucket)
+        if period_end is None:
+            _B_EXPIRES_AT.set(bucket, None)
+        elif fast and _small(period_end):
+            at = (<long long>period_end if <long long>period_end > c_now else c_now) + c_bucket
+            _B_EXPIRES_AT.set(bucket, at if at < c_latest else c_latest)
+        else:
+            expires_at = (period_end if period_end > now else now) + bucket_seconds
+            _B_EXPIRES_AT.set(bucket, expires_at if expires_at < latest else latest)
+        if not _B_BORN.get(bucket):  # a new life: new, expired when read, or stored before
+            _B_BORN.set(bucket, now)
+    for key, record in events.items():
+        held_events[key] = _R_EXPIRES_AT.get(record)
+        occurred = _R_OCCURRED.get(record)
+        if fast and _small(occurred):
+            at = (<long long>occurred if <long long>occurred > c_now else c_now) + c_event
+            _R_EXPIRES_AT.set(record, at if at < c_latest else c_latest)
+        else:
+            expires_at = (occurred if occurred > now else now) + event_seconds
+            _R_EXPIRES_AT.set(record, expires_at if expires_at < latest else latest)
+        if _R_BORN.get(record) is None:  # a new payment: its buckets are in this commit
+            born = []
+            for bucket_key in _R_BUCKETS.get(record):
+                found = buckets.get(bucket_key)
+                born.append(0 if found is None else _B_BORN.get(found))
+            _R_BORN.set(record, tuple(born))
+    return held_buckets, held_events

@@ -77,6 +77,45 @@ LATEST_EXPIRY = 253_402_214_400
 and a date past year 9999 is beyond what MongoDB's driver (Python's datetime) holds."""
 
 
+def stamp(
+    writes: Writes, now: int, bucket_seconds: int, event_seconds: int, latest: int
+) -> tuple[dict[str, int | None], dict[str, int | None]]:
+    """The ``expires_at`` of each bucket and event record of ``writes`` as read (for
+    ``Expected``), then each one's new expiry (``latest`` at most) set, and the life
+    stamps of new buckets (``now``) and of new payments' records (their buckets').
+
+    The reference, and what runs without a C compiler; ``handlers._fastcore.stamp`` is
+    its compiled twin (on a replay, these loops took ~5% of the time)."""
+    held_buckets = {key: bucket.expires_at for key, bucket in writes.buckets.items()}
+    held_events = {key: record.expires_at for key, record in writes.events.items()}
+    # per record, on every commit: plain comparisons cost less than min() and max()
+    buckets = writes.buckets
+    for bucket in buckets.values():
+        period_end = bucket.period_end
+        if period_end is None:
+            bucket.expires_at = None
+        else:
+            expires_at = (period_end if period_end > now else now) + bucket_seconds
+            bucket.expires_at = expires_at if expires_at < latest else latest
+        if not bucket.born:  # a new life: new, expired when read, or stored before
+            bucket.born = now
+    for record in writes.events.values():
+        occurred = record.occurred
+        expires_at = (occurred if occurred > now else now) + event_seconds
+        record.expires_at = expires_at if expires_at < latest else latest
+        if record.born is None:  # a new payment: its buckets are in this commit
+            record.born = tuple(
+                [0 if (b := buckets.get(key)) is None else b.born for key in record.buckets]
+            )
+    return held_buckets, held_events
+
+
+try:
+    from handlers._fastcore import stamp as _stamp
+except ImportError:  # built without a C compiler
+    _stamp = stamp
+
+
 @dataclass(frozen=True, slots=True)
 class Expected:
     """The ``expires_at`` of each bucket and event record of a commit, as it was read.
@@ -145,32 +184,11 @@ class Store(abc.ABC):
         if not writes:
             return
         now = int(self._clock())
-        expected = Expected(
-            buckets={key: bucket.expires_at for key, bucket in writes.buckets.items()},
-            events={key: record.expires_at for key, record in writes.events.items()},
-            written_at=now,
+        retention = self.retention
+        held_buckets, held_events = _stamp(
+            writes, now, retention.bucket_seconds, retention.event_seconds, LATEST_EXPIRY
         )
-        # per record, on every commit: plain comparisons cost less than min() and max()
-        bucket_seconds, event_seconds = self.retention.bucket_seconds, self.retention.event_seconds
-        buckets = writes.buckets
-        for bucket in buckets.values():
-            period_end = bucket.period_end
-            if period_end is None:
-                bucket.expires_at = None
-            else:
-                expires_at = (period_end if period_end > now else now) + bucket_seconds
-                bucket.expires_at = expires_at if expires_at < LATEST_EXPIRY else LATEST_EXPIRY
-            if not bucket.born:  # a new life: new, expired when read, or stored before
-                bucket.born = now
-        for record in writes.events.values():
-            occurred = record.occurred
-            expires_at = (occurred if occurred > now else now) + event_seconds
-            record.expires_at = expires_at if expires_at < LATEST_EXPIRY else LATEST_EXPIRY
-            if record.born is None:  # a new payment: its buckets are in this commit
-                record.born = tuple(
-                    [0 if (b := buckets.get(key)) is None else b.born for key in record.buckets]
-                )
-        await self._write(writes, expected)
+        await self._write(writes, Expected(held_buckets, held_events, now))
 
     async def init(self) -> None:
         """Create tables, collections and indexes; safe to run again."""

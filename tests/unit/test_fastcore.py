@@ -15,9 +15,10 @@ from msgspec.structs import astuple
 from benchmarks.generate import events as generated
 from handlers import decide
 from handlers.decide import Decider
-from handlers.state import Account, Bucket, Snapshot, WorkingState
-from schemas.events import EventRejected, parse_event
+from handlers.state import Account, Bucket, EventRecord, Snapshot, WorkingState, Writes
+from schemas.events import EventRejected, EventType, parse_event
 from schemas.rules import RuleSet, parse_rules
+from stores.base import LATEST_EXPIRY, stamp
 from tests.unit.test_decide import RULES
 
 EXAMPLE_RULES = "examples/rules.yaml"
@@ -281,7 +282,7 @@ def test_every_attribute_the_compiled_path_reads_is_read_in_its_slot() -> None:
     assert decide._fastcore is not None, "handlers._fastcore is not built"
     Decider(load_rules(EXAMPLE_RULES))  # the first one finds _CompiledRule.fast
     fields = decide._fastcore.slot_fields()
-    assert len(fields) == 22
+    assert len(fields) == 38
     assert all(fields.values()), fields
 
 
@@ -344,3 +345,74 @@ def test_keys_and_take_writes_are_the_same_both_ways() -> None:
     assert max(b.version for b in compiled_writes.buckets.values()) == 2
     assert states[0].snapshot == states[1].snapshot
     assert not states[0].pending and not states[1].pending
+
+
+_EXPIRY = st.one_of(st.none(), st.integers(min_value=0, max_value=2**70))
+"""An expiry or period end as a store may hold it: None, or an integer up to past 64 bits."""
+
+
+@st.composite
+def _writes(draw: st.DrawFn) -> Writes:
+    keys = draw(st.lists(st.sampled_from("abcdefgh"), unique=True, max_size=6))
+    buckets = {
+        key: Bucket(
+            draw(st.integers(0, 9)),
+            draw(st.integers(0, 999)),
+            draw(st.integers(1, 3)),
+            draw(_EXPIRY),
+            draw(_EXPIRY),
+            draw(st.sampled_from([0, 0, 5, 2**63])),
+        )
+        for key in keys
+    }
+    events = {
+        f"e{n}": EventRecord(
+            "f",
+            "a",
+            EventType.PAYMENT,
+            True,
+            n + 1,
+            b"{}",
+            occurred=draw(st.integers(min_value=0, max_value=2**70)),
+            buckets=tuple(draw(st.lists(st.sampled_from("abcdefghij"), max_size=4))),
+            version=1,
+            expires_at=draw(_EXPIRY),
+            born=draw(st.one_of(st.none(), st.just(()), st.just((7,)))),
+        )
+        for n in range(draw(st.integers(0, 3)))
+    }
+    return Writes(buckets, {}, events)
+
+
+@given(
+    _writes(),
+    st.integers(min_value=0, max_value=2**64),
+    st.sampled_from([0, 86_400, 35 * 86_400, 2**62, 2**63]),
+    st.sampled_from([0, 400 * 86_400, 2**62]),
+    st.sampled_from([LATEST_EXPIRY, 2**62 - 1, 2**64]),
+)
+def test_stamp_is_the_same_both_ways(
+    writes: Writes, now: int, bucket_seconds: int, event_seconds: int, latest: int
+) -> None:
+    """``handlers._fastcore.stamp`` against ``stores.base.stamp``: the expiries held, and
+    every record as stamped, integers past 62 bits included (worked out in Python)."""
+    assert decide._fastcore is not None, "handlers._fastcore is not built"
+    python = Writes(
+        {k: b.copy() for k, b in writes.buckets.items()},
+        {},
+        {k: r.copy() for k, r in writes.events.items()},
+    )
+    held = decide._fastcore.stamp(writes, now, bucket_seconds, event_seconds, latest)
+    assert held == stamp(python, now, bucket_seconds, event_seconds, latest)
+    assert [astuple(b) for b in writes.buckets.values()] == [
+        astuple(b) for b in python.buckets.values()
+    ]
+    assert [astuple(r) for r in writes.events.values()] == [
+        astuple(r) for r in python.events.values()
+    ]
+
+
+def test_stores_stamp_with_the_compiled_twin() -> None:
+    from stores import base
+
+    assert base._stamp is decide._fastcore.stamp  # type: ignore[union-attr]
