@@ -3,7 +3,7 @@
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from handlers.state import Keys, WorkingState, Writes
+from handlers.state import Keys, Snapshot, WorkingState, Writes
 
 class FastCore:
     def __init__(
@@ -29,3 +29,4 @@ def take_writes(state: WorkingState) -> Writes: ...
 def stamp(
     writes: Writes, now: int, bucket_seconds: int, event_seconds: int, latest: int
 ) -> tuple[dict[str, int | None], dict[str, int | None]]: ...
+def expire(snapshot: Snapshot, now: int) -> None: ...

@@ -881,3 +881,27 @@ def stamp(writes, now, bucket_seconds, event_seconds, latest):
                 born.append(0 if found is None else _B_BORN.get(found))
             _R_BORN.set(record, tuple(born))
     return held_buckets, held_events
+
+
+def expire(snapshot, now):
+    """``stores.base.expire``: what has expired by ``now`` read as a store holds it."""
+    cdef dict buckets = _S_BUCKETS.get(snapshot)
+    cdef dict events = _S_EVENTS.get(snapshot)
+    cdef dict expired_events = _S_EXPIRED.get(snapshot)
+    cdef list expired = []
+    for key, bucket in buckets.items():
+        expires_at = _B_EXPIRES_AT.get(bucket)
+        if expires_at is not None and expires_at <= now:
+            expired.append(key)
+    for key in expired:  # (replaced after the walk, as a dict changes only then)
+        bucket = buckets[key]
+        buckets[key] = type(bucket)(
+            version=_B_VERSION.get(bucket), expires_at=_B_EXPIRES_AT.get(bucket)
+        )
+    expired = []
+    for key, record in events.items():
+        expires_at = _R_EXPIRES_AT.get(record)
+        if expires_at is not None and expires_at <= now:
+            expired.append(key)
+    for key in expired:
+        expired_events[key] = events.pop(key)

@@ -110,10 +110,32 @@ def stamp(
     return held_buckets, held_events
 
 
+def expire(snapshot: Snapshot, now: int) -> None:
+    """Turn what has expired by ``now`` into what a store holds then: an expired bucket
+    reads as empty, with the stored ``version`` and ``expires_at``; an expired event
+    record moves to ``expired_events``.
+
+    The reference, and what runs without a C compiler; ``handlers._fastcore.expire`` is
+    its compiled twin."""
+    for key, bucket in snapshot.buckets.items():
+        if bucket.expires_at is not None and bucket.expires_at <= now:
+            snapshot.buckets[key] = type(bucket)(
+                version=bucket.version, expires_at=bucket.expires_at
+            )
+    expired = [
+        key
+        for key, record in snapshot.events.items()
+        if record.expires_at is not None and record.expires_at <= now
+    ]
+    for key in expired:
+        snapshot.expired_events[key] = snapshot.events.pop(key)
+
+
 try:
+    from handlers._fastcore import expire as _expire
     from handlers._fastcore import stamp as _stamp
 except ImportError:  # built without a C compiler
-    _stamp = stamp
+    _expire, _stamp = expire, stamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,19 +181,7 @@ class Store(abc.ABC):
                 f"a stored record cannot be read ({type(exc).__name__}: {exc}); it was not"
                 " written by this version of limitflow, or it is damaged"
             ) from exc
-        now = int(self._clock())
-        for key, bucket in snapshot.buckets.items():
-            if bucket.expires_at is not None and bucket.expires_at <= now:
-                snapshot.buckets[key] = type(bucket)(
-                    version=bucket.version, expires_at=bucket.expires_at
-                )
-        expired = [
-            key
-            for key, record in snapshot.events.items()
-            if record.expires_at is not None and record.expires_at <= now
-        ]
-        for key in expired:
-            snapshot.expired_events[key] = snapshot.events.pop(key)
+        _expire(snapshot, int(self._clock()))
         return snapshot
 
     async def commit(self, writes: Writes) -> None:

@@ -18,7 +18,7 @@ from handlers.decide import Decider
 from handlers.state import Account, Bucket, EventRecord, Snapshot, WorkingState, Writes
 from schemas.events import EventRejected, EventType, parse_event
 from schemas.rules import RuleSet, parse_rules
-from stores.base import LATEST_EXPIRY, stamp
+from stores.base import LATEST_EXPIRY, expire, stamp
 from tests.unit.test_decide import RULES
 
 EXAMPLE_RULES = "examples/rules.yaml"
@@ -416,3 +416,32 @@ def test_stores_stamp_with_the_compiled_twin() -> None:
     from stores import base
 
     assert base._stamp is decide._fastcore.stamp  # type: ignore[union-attr]
+
+
+@given(_writes(), st.integers(min_value=0, max_value=2**71))
+def test_expire_is_the_same_both_ways(writes: Writes, now: int) -> None:
+    """``handlers._fastcore.expire`` against ``stores.base.expire``, on snapshots of
+    records with and without expiries, some past ``now``."""
+    assert decide._fastcore is not None, "handlers._fastcore is not built"
+
+    def snapshot() -> Snapshot:
+        return Snapshot(
+            {k: b.copy() for k, b in writes.buckets.items()},
+            {},
+            {k: r.copy() for k, r in writes.events.items()},
+        )
+
+    compiled, python = snapshot(), snapshot()
+    decide._fastcore.expire(compiled, now)
+    expire(python, now)
+    assert compiled == python
+    assert [astuple(b) for b in compiled.buckets.values()] == [
+        astuple(b) for b in python.buckets.values()
+    ]
+    assert list(compiled.expired_events) == list(python.expired_events)
+
+
+def test_stores_expire_with_the_compiled_twin() -> None:
+    from stores import base
+
+    assert base._expire is decide._fastcore.expire  # type: ignore[union-attr]
