@@ -15,6 +15,7 @@ do, without the attribute lookup each time.
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItem
+from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.set cimport PySet_Add
@@ -71,6 +72,7 @@ cdef extern from *:
     }
     """
     bint lf_plain(str s)
+    dict lf_dict_of "_PyDict_NewPresized" (Py_ssize_t n)
     const char* lf_json_ascii(str s, Py_ssize_t* n)
 
 cdef Field _E_TYPE = Field(Event, "type")
@@ -833,7 +835,12 @@ cdef Field _R_BUCKETS = Field(EventRecord, "buckets")
 
 cdef inline bint _small(object value):
     """Whether ``value`` is an int the C arithmetic below takes (0 <= value < 2**62)."""
-    return type(value) is int and 0 <= value < _SMALL
+    cdef int overflow = 0
+    cdef long long v
+    if type(value) is not int:
+        return False
+    v = PyLong_AsLongLongAndOverflow(value, &overflow)
+    return overflow == 0 and 0 <= v < _SMALL
 
 
 def stamp(writes, now, bucket_seconds, event_seconds, latest):
@@ -842,8 +849,8 @@ def stamp(writes, now, bucket_seconds, event_seconds, latest):
     may hold) are worked out with Python's, as there."""
     cdef dict buckets = _WR_BUCKETS.get(writes)
     cdef dict events = _WR_EVENTS.get(writes)
-    cdef dict held_buckets = {}
-    cdef dict held_events = {}
+    cdef dict held_buckets = lf_dict_of(len(buckets))
+    cdef dict held_events = lf_dict_of(len(events))
     cdef bint fast = (
         _small(now) and _small(bucket_seconds) and _small(event_seconds) and _small(latest)
     )
