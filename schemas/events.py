@@ -244,6 +244,12 @@ def _nested_deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
 
 def parse_event(raw: bytes | str) -> Event:
     """Decode and validate one event; raise ``EventRejected`` with the dead-letter code."""
+    if _fast_parse is not None:
+        found = _fast_parse(raw)
+        if isinstance(found, Event):
+            return found
+        if found is not None:  # decoded, an object, not the usual event: every check
+            return _checked_event(found)
     doc = decode_json(raw)
     if not isinstance(doc, dict):
         raise EventRejected(DeadLetterError.INVALID_EVENT, "an event must be a JSON object")
@@ -530,8 +536,8 @@ try:
 except ImportError:  # built without a C compiler: _common_event is the fast path
     _fastparse = None  # type: ignore[assignment]
 
-_fast_event: Callable[[dict[str, Any]], Event | None] = (
-    _common_event
+_compiled = (
+    None
     if _fastparse is None
     else _fastparse.CommonEvent(
         Event,
@@ -545,6 +551,14 @@ _fast_event: Callable[[dict[str, Any]], Event | None] = (
         _END_MICROS,
         _LONGEST_INT,
         MAX_MINOR,
-    ).event
+        decode=_decoder.decode,
+    )
+)
+_fast_event: Callable[[dict[str, Any]], Event | None] = (
+    _common_event if _compiled is None else _compiled.event
 )
 """What ``event_from_dict`` tries first: the compiled ``_common_event`` when it is built."""
+_fast_parse: Callable[[bytes | str], Event | dict[str, Any] | None] | None = (
+    None if _compiled is None else _compiled.parse
+)
+"""What ``parse_event`` tries first, when the extension is built (``CommonEvent.parse``)."""

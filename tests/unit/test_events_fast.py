@@ -447,3 +447,39 @@ def test_the_built_extension_is_not_older_than_its_source() -> None:
     assert Path(built).stat().st_mtime >= source.stat().st_mtime, (
         "schemas/_fastparse.pyx changed since the extension was built: pip install -e ."
     )
+
+
+_DEEP_EXTRA: bytes = (
+    b'{"event_id": "e", "account_id": "a", "extra": {"deep": ['
+    + b"[" * 40
+    + b"]" * 40
+    + b']}, "amount": "1", "currency": "CNY", "occurred_at": "2026-01-31T23:59:00Z"}'
+)
+
+
+@needs_compiled
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"   ",
+        b"not json",
+        b"\xff\xfe",
+        b"[1, 2]",
+        b'"text"',
+        b"[" * 5_000 + b"]" * 5_000,
+        b'{"event_id": "e", "account_id": "a", "amount": 10.5, "currency": "CNY",'
+        b' "occurred_at": "2026-01-31T23:59:00Z"}',
+        _DEEP_EXTRA,
+        *events(50, seed=9),
+    ],
+)
+def test_parse_event_says_the_same_with_and_without_the_compiled_parse(
+    raw: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bytes go through ``CommonEvent.parse`` first; what it declines, the Python steps
+    take, with the same event or the same rejection as without it."""
+    assert parsing._fast_parse is not None
+    compiled = _outcome(parse_event, raw)
+    monkeypatch.setattr(parsing, "_fast_parse", None)
+    assert compiled == _outcome(parse_event, raw)
