@@ -129,6 +129,11 @@ class OutcomeKind(enum.Enum):
     DUPLICATE = "duplicate"
     DEAD_LETTER = "dead_letter"
 
+    # Counted per result in every batch (engine, metrics): Enum's own __hash__ is
+    # Python code (hash of the name), ~0.3 us a call. A member equals only itself, so
+    # the identity hash agrees with equality.
+    __hash__ = object.__hash__
+
 
 class Outcome(NamedTuple):
     """The result of deciding one event."""
