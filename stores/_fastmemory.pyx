@@ -44,6 +44,7 @@ cdef Field _B_VERSION = Field(Bucket, "version")
 cdef Field _B_PERIOD_END = Field(Bucket, "period_end")
 cdef Field _B_EXPIRES_AT = Field(Bucket, "expires_at")
 cdef Field _B_BORN = Field(Bucket, "born")
+cdef Field _A_SEQ = Field(Account, "seq")
 cdef Field _A_VERSION = Field(Account, "version")
 cdef Field _R_FINGERPRINT = Field(EventRecord, "fingerprint")
 cdef Field _R_ACCOUNT = Field(EventRecord, "account_id")
@@ -75,7 +76,8 @@ cdef Field _S_EVENTS = Field(Snapshot, "events")
 def slot_fields():
     """Whether every attribute above is read in its slot (as ``_fastcore.slot_fields``)."""
     fields = [
-        _B_COUNT, _B_AMOUNT, _B_VERSION, _B_PERIOD_END, _B_EXPIRES_AT, _B_BORN, _A_VERSION,
+        _B_COUNT, _B_AMOUNT, _B_VERSION, _B_PERIOD_END, _B_EXPIRES_AT, _B_BORN, _A_SEQ,
+        _A_VERSION,
         _R_FINGERPRINT, _R_ACCOUNT, _R_TYPE, _R_ACCEPTED, _R_SEQ, _R_VERDICT, _R_AMOUNT,
         _R_CURRENCY, _R_REVERSED, _R_BUCKETS, _R_OCCURRED, _R_VERSION, _R_EXPIRES_AT, _R_BORN,
         _W_BUCKETS, _W_ACCOUNTS, _W_EVENTS, _X_BUCKETS, _X_EVENTS, _K_BUCKETS, _K_ACCOUNTS,
@@ -91,6 +93,13 @@ cdef inline int64_t _packed(object value) except? -1:
 
 cdef inline object _unpacked(int64_t value):
     return None if value == _NONE else value
+
+
+cdef inline object _copy_account(object account):
+    """``account.copy()``: built here for an Account (its method is Python code)."""
+    if type(account) is Account:
+        return Account(_A_SEQ.get(account), _A_VERSION.get(account))
+    return account.copy()
 
 
 cdef bytes _pack_bucket(object b):
@@ -233,7 +242,7 @@ def write(dict buckets, dict accounts, dict events, writes, expected, encode, co
     for key, bucket in w_buckets.items():
         buckets[key] = _pack_bucket(bucket)
     for key, account in w_accounts.items():
-        accounts[key] = account.copy()  # the caller keeps changing its records
+        accounts[key] = _copy_account(account)  # the caller keeps changing its records
     if w_events:
         compress = codec_for().compress
         for key, record in w_events.items():
@@ -254,7 +263,7 @@ def read(dict buckets, dict accounts, dict events, keys, unpack):
     for key in _K_ACCOUNTS.get(keys):
         account = accounts.get(key)
         if account is not None:
-            s_accounts[key] = account.copy()
+            s_accounts[key] = _copy_account(account)
     if unpack is not None:
         for key in _K_EVENTS.get(keys):
             record = events.get(key)

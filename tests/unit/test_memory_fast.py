@@ -178,7 +178,7 @@ async def test_a_damaged_record_is_rejected_alike() -> None:
 def test_every_attribute_the_compiled_store_reads_is_read_in_its_slot() -> None:
     assert memory._fastmemory is not None, "stores._fastmemory is not built"
     fields = memory._fastmemory.slot_fields()
-    assert len(fields) == 32
+    assert len(fields) == 33
     assert all(fields.values()), fields
 
 
