@@ -1,9 +1,10 @@
-"""Builds the compiled payment path (``handlers/_fastcore.pyx``, with ``handlers/_slots``),
-the memory store's compiled read and write (``stores/_fastmemory.pyx``) and the compiled
-common-event parser (``schemas/_fastparse.pyx``) and Kafka's default partitioner
-(``streams/_fastkafka.pyx``); everything else is in pyproject.toml.
-Without a C compiler the build goes on without them (``optional``), and limitflow parses,
-decides and keeps every event in Python, the same way, only slower."""
+"""Builds the compiled twins of limitflow's hot paths: the payment path
+(``handlers/_fastcore.pyx``, with ``handlers/_slots``), the common-event parser
+(``schemas/_fastparse.pyx``), the memory store's read and write
+(``stores/_fastmemory.pyx``), the sqlite store's row building (``stores/_fastsqlite.pyx``)
+and Kafka's default partitioner (``streams/_fastkafka.pyx``); everything else is in
+pyproject.toml. Without a C compiler the build goes on without them (``optional``), and
+limitflow parses, decides and keeps every event in Python, the same way, only slower."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -15,6 +16,7 @@ extensions = cythonize(
         Extension("stores._fastmemory", ["stores/_fastmemory.pyx"]),
         Extension("schemas._fastparse", ["schemas/_fastparse.pyx"]),
         Extension("streams._fastkafka", ["streams/_fastkafka.pyx"]),
+        Extension("stores._fastsqlite", ["stores/_fastsqlite.pyx"]),
     ],
     compiler_directives={"language_level": "3"},
 )

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 import msgspec
@@ -103,6 +103,102 @@ def _encode_keys(keys: tuple[str, ...]) -> str:
     """Bucket keys of a record as JSON text, by msgspec (several times faster than the json
     module; rows that json wrote, with spaces, read the same)."""
     return _keys_encoder.encode(keys).decode()
+
+
+def _encode_born(born: tuple[int, ...]) -> str:
+    return _keys_encoder.encode(born).decode()
+
+
+_BucketRow = tuple[str, int, int, int | None, int | None, int]
+_OldBucketRow = tuple[int, int, int, int | None, int | None, int, str, int, int | None]
+Rows = tuple[
+    list[_BucketRow],
+    list[_OldBucketRow],
+    list[tuple[str, int]],
+    list[tuple[int, int, str, int]],
+    list[_EventRow],
+    list[tuple[Any, ...]],
+]
+"""The parameters of a commit's statements: new and changed buckets, accounts and
+event records."""
+
+
+def rows(
+    buckets: dict[str, Bucket],
+    accounts: dict[str, Account],
+    events: dict[str, EventRecord],
+    expected_buckets: dict[str, int | None],
+    expected_events: dict[str, int | None],
+    pack: Callable[[bytes], bytes],
+    encode_keys: Callable[[tuple[str, ...]], str],
+    encode_born: Callable[[tuple[int, ...]], str],
+) -> Rows:
+    """The parameters of a commit's six statements: new rows (version 1) to insert, and
+    rows to update on condition (each with the version and expiry it replaces).
+
+    The reference, and what runs without a C compiler; ``stores._fastsqlite.rows`` is
+    its compiled twin."""
+    fresh_b: list[_BucketRow] = []
+    old_b: list[_OldBucketRow] = []
+    for k, b in buckets.items():
+        version = b.version
+        if version == 1:
+            fresh_b.append((k, b.count, b.amount, b.period_end, b.expires_at, b.born))
+        elif version > 1:
+            old_b.append(
+                (
+                    *(b.count, b.amount, version, b.period_end, b.expires_at, b.born),
+                    *(k, version - 1, expected_buckets[k]),
+                )
+            )
+    fresh_a: list[tuple[str, int]] = []
+    old_a: list[tuple[int, int, str, int]] = []
+    for k, a in accounts.items():
+        version = a.version
+        if version == 1:
+            fresh_a.append((k, a.seq))
+        elif version > 1:
+            old_a.append((a.seq, version, k, version - 1))
+    fresh_e: list[_EventRow] = []
+    old_e: list[tuple[Any, ...]] = []
+    for k, r in events.items():
+        row: _EventRow = (
+            r.fingerprint,
+            r.account_id,
+            r.type.value,
+            int(r.accepted),
+            r.seq,
+            pack(r.verdict),
+            r.amount,
+            r.currency,
+            r.reversed,
+            encode_keys(r.buckets),
+            r.occurred,
+            r.version,
+            r.expires_at,
+            encode_born(r.born) if r.born else None,
+            k,
+        )
+        if r.version == 1:
+            fresh_e.append(row)
+        elif r.version > 1:
+            old_e.append((*row, r.version - 1, expected_events[k]))
+    return fresh_b, old_b, fresh_a, old_a, fresh_e, old_e
+
+
+def buckets_into(found: Iterable[tuple[Any, ...]], out: dict[str, Bucket]) -> None:
+    """Each ``buckets`` row (key, count, amount, version, period_end, expires_at, born)
+    as a Bucket in ``out``. The reference; ``stores._fastsqlite.buckets_into`` is its
+    compiled twin."""
+    for key, count, amount, version, period_end, expires_at, born in found:
+        out[key] = Bucket(count, amount, version, period_end, expires_at, born or 0)
+
+
+try:
+    from stores._fastsqlite import buckets_into as _buckets_into
+    from stores._fastsqlite import rows as _rows
+except ImportError:  # built without a C compiler
+    _buckets_into, _rows = buckets_into, rows
 
 
 _CHECKPOINT_PAGES: Final = 4000
@@ -201,14 +297,14 @@ class SqliteStore(Store):
             for chunk in _chunks(keys.buckets):
                 self.round_trips += 1
                 marks = ",".join("?" * len(chunk))
-                for key, count, amount, version, period_end, expires_at, born in db.execute(
-                    "SELECT key, count, amount, version, period_end, expires_at, born"  # noqa: S608
-                    f" FROM buckets WHERE key IN ({marks})",
-                    chunk,
-                ):
-                    snapshot.buckets[key] = Bucket(
-                        count, amount, version, period_end, expires_at, born or 0
-                    )
+                _buckets_into(
+                    db.execute(
+                        "SELECT key, count, amount, version, period_end, expires_at, born"  # noqa: S608
+                        f" FROM buckets WHERE key IN ({marks})",
+                        chunk,
+                    ),
+                    snapshot.buckets,
+                )
             for chunk in _chunks(keys.accounts):
                 self.round_trips += 1
                 marks = ",".join("?" * len(chunk))
@@ -303,53 +399,16 @@ class SqliteStore(Store):
         pack = pack_verdict if codec is None else codec.pack
         # every parameter is made (verdicts compressed) before the write lock is taken:
         # other processes sharing the file wait only for the statements
-        fresh_b: list[tuple[str, int, int, int | None, int | None, int]] = []
-        old_b: list[tuple[int, int, int, int | None, int | None, int, str, int, int | None]] = []
-        expected_b = expected.buckets
-        for k, b in writes.buckets.items():
-            version = b.version
-            if version == 1:
-                fresh_b.append((k, b.count, b.amount, b.period_end, b.expires_at, b.born))
-            elif version > 1:
-                old_b.append(
-                    (
-                        *(b.count, b.amount, version, b.period_end, b.expires_at, b.born),
-                        *(k, version - 1, expected_b[k]),
-                    )
-                )
-        fresh_a: list[tuple[str, int]] = []
-        old_a: list[tuple[int, int, str, int]] = []
-        for k, a in writes.accounts.items():
-            version = a.version
-            if version == 1:
-                fresh_a.append((k, a.seq))
-            elif version > 1:
-                old_a.append((a.seq, version, k, version - 1))
-        fresh_e: list[_EventRow] = []
-        old_e: list[tuple[Any, ...]] = []
-        expected_e = expected.events
-        for k, r in writes.events.items():
-            row: _EventRow = (
-                r.fingerprint,
-                r.account_id,
-                r.type.value,
-                int(r.accepted),
-                r.seq,
-                pack(r.verdict),
-                r.amount,
-                r.currency,
-                r.reversed,
-                _encode_keys(r.buckets),
-                r.occurred,
-                r.version,
-                r.expires_at,
-                _keys_encoder.encode(r.born).decode() if r.born else None,
-                k,
-            )
-            if r.version == 1:
-                fresh_e.append(row)
-            elif r.version > 1:
-                old_e.append((*row, r.version - 1, expected_e[k]))
+        fresh_b, old_b, fresh_a, old_a, fresh_e, old_e = _rows(
+            writes.buckets,
+            writes.accounts,
+            writes.events,
+            expected.buckets,
+            expected.events,
+            pack,
+            _encode_keys,
+            _encode_born,
+        )
         # an event record of any other version is counted and written by no statement:
         # the commit fails as a conflict (as before; ``take_writes`` makes none such)
         changes = len(fresh_b) + len(old_b) + len(fresh_a) + len(old_a) + len(writes.events)

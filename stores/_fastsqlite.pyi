@@ -1,0 +1,19 @@
+"""Types of the sqlite store's compiled row building (``_fastsqlite.pyx``), for mypy."""
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from handlers.state import Account, Bucket, EventRecord
+
+def slot_fields() -> dict[str, bool]: ...
+def rows(
+    buckets: dict[str, Bucket],
+    accounts: dict[str, Account],
+    events: dict[str, EventRecord],
+    expected_buckets: dict[str, int | None],
+    expected_events: dict[str, int | None],
+    pack: Callable[[bytes], bytes],
+    encode_keys: Callable[[tuple[str, ...]], str],
+    encode_born: Callable[[tuple[int, ...]], str],
+) -> Any: ...
+def buckets_into(found: Iterable[tuple[Any, ...]], out: dict[str, Bucket]) -> None: ...

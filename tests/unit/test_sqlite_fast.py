@@ -1,0 +1,132 @@
+"""The sqlite store's compiled row building (``stores._fastsqlite``) gives the statements
+the same parameters, and reads the same buckets, as its Python loops."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.generate import events as generated
+from handlers.decide import Decider
+from handlers.state import Bucket, Snapshot, WorkingState, Writes
+from schemas.events import parse_event
+from schemas.rules import load_rules
+from stores import sqlite
+from stores.base import LATEST_EXPIRY, stamp
+from stores.verdict_codec import pack_verdict
+
+try:
+    from stores import _fastsqlite
+except ImportError:  # built without a C compiler: the tests that need it say so
+    _fastsqlite = None  # type: ignore[assignment]
+
+needs_compiled = pytest.mark.skipif(
+    _fastsqlite is None,
+    reason="stores._fastsqlite is not built (no C compiler?): pip install -e . builds it",
+)
+RULES = Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"
+NOW = 1_772_400_000
+
+
+def decided_writes() -> list[tuple[Writes, dict[str, int | None], dict[str, int | None]]]:
+    """The writes of a generated stream decided in two units (so that the second one
+    updates records the first created), each stamped as ``Store.commit`` stamps it."""
+    decider = Decider(load_rules(str(RULES)))
+    state = WorkingState(Snapshot())
+    lines = list(generated(3_000, accounts=40, merchants=6))
+    found = []
+    for part in (lines[:1_500], lines[1_500:]):
+        for line in part:
+            event = parse_event(line)
+            decider.decide(event, decider.plan(event), state)
+        writes = state.take_writes()
+        held_buckets, held_events = stamp(writes, NOW, 35 * 86_400, 400 * 86_400, LATEST_EXPIRY)
+        found.append((writes, held_buckets, held_events))
+    return found
+
+
+def _rows(build: Callable[..., Any], writes: Writes, held: tuple[Any, Any]) -> Any:
+    return build(
+        writes.buckets,
+        writes.accounts,
+        writes.events,
+        *held,
+        pack_verdict,
+        sqlite._encode_keys,
+        sqlite._encode_born,
+    )
+
+
+@needs_compiled
+def test_rows_are_the_same_both_ways() -> None:
+    units = decided_writes()
+    updated = 0
+    for writes, held_buckets, held_events in units:
+        compiled = _rows(_fastsqlite.rows, writes, (held_buckets, held_events))
+        python = _rows(sqlite.rows, writes, (held_buckets, held_events))
+        assert compiled == python
+        assert [[type(v) for v in row] for part in compiled for row in part] == [
+            [type(v) for v in row] for part in python for row in part
+        ]
+        updated += len(python[1]) + len(python[3]) + len(python[5])
+    assert updated, "the second unit updates records of the first"
+
+
+@needs_compiled
+def test_a_record_of_another_version_gets_no_row_either_way() -> None:
+    writes = Writes({"b": Bucket(1, 2, 0)}, {}, {})
+    held: tuple[dict[str, int | None], dict[str, int | None]] = ({"b": None}, {})
+    assert _rows(_fastsqlite.rows, writes, held) == _rows(sqlite.rows, writes, held)
+    assert _rows(_fastsqlite.rows, writes, held) == ([], [], [], [], [], [])
+
+
+@needs_compiled
+def test_buckets_read_the_same_both_ways() -> None:
+    db = sqlite3.connect(":memory:")
+    db.execute(
+        "CREATE TABLE buckets (key TEXT PRIMARY KEY, count INTEGER, amount INTEGER,"
+        " version INTEGER, period_end INTEGER, expires_at INTEGER, born INTEGER)"
+    )
+    db.executemany(
+        "INSERT INTO buckets VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [("a", 1, 2, 3, 4, 5, 6), ("b", 0, 0, 1, None, None, None), ("c", 7, 8, 9, 10, 11, 0)],
+    )
+    select = "SELECT key, count, amount, version, period_end, expires_at, born FROM buckets"
+    compiled: dict[str, Bucket] = {}
+    python: dict[str, Bucket] = {}
+    _fastsqlite.buckets_into(db.execute(select), compiled)
+    sqlite.buckets_into(db.execute(select), python)
+    assert compiled == python
+    assert python["b"] == Bucket(0, 0, 1, None, None, 0)
+    with pytest.raises(ValueError):
+        _fastsqlite.buckets_into(iter([("k", 1, 2)]), {})
+
+
+@needs_compiled
+def test_the_store_uses_the_compiled_loops() -> None:
+    assert sqlite._rows is _fastsqlite.rows
+    assert sqlite._buckets_into is _fastsqlite.buckets_into
+    fields = _fastsqlite.slot_fields()
+    assert len(fields) == 22
+    assert all(fields.values()), fields
+
+
+@needs_compiled
+def test_the_built_extension_is_not_older_than_its_source() -> None:
+    """An edit to ``_fastsqlite.pyx`` (or to the ``_slots`` code it takes in) takes effect
+    only once built again."""
+    built = Path(_fastsqlite.__file__)
+    root = Path(sqlite.__file__).resolve().parents[1]
+    for source in (
+        root / "stores" / "_fastsqlite.pyx",
+        root / "handlers" / "_slots.pyx",
+        root / "handlers" / "_slots.pxd",
+    ):
+        if source.exists():  # (an installed wheel carries no sources to edit)
+            assert built.stat().st_mtime >= source.stat().st_mtime, (
+                f"{source.name} changed since the extension was built: pip install -e ."
+            )
