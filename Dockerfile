@@ -4,9 +4,8 @@
 #   docker run --rm -v lf:/data limitflow limitflow replay --rules examples/rules.yaml \
 #     --input examples/events.jsonl --output - --dead-letter - --store sqlite:////data/replay.db
 # (/data is the writable volume; replay does not read LIMITFLOW_STORE, run does)
-# The wheels are built in a stage with a C compiler (the compiled payment path,
-# handlers/_fastcore.pyx, and event parser, schemas/_fastparse.pyx); the image itself
-# carries none.
+# The wheels are built in a stage with a C compiler (the compiled twins of the hot
+# paths: the *.pyx files that setup.py lists); the image itself carries none.
 FROM python:3.11-slim AS wheels
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
