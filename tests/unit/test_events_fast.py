@@ -32,6 +32,7 @@ from schemas.events import (
     event_from_dict,
     parse_event,
 )
+from tests.unit.built import assert_built_after
 
 
 def _fields(event: Event) -> list[tuple[str, str, str]]:
@@ -437,16 +438,7 @@ def test_importing_the_extension_first_works() -> None:
 @needs_compiled
 def test_the_built_extension_is_not_older_than_its_source() -> None:
     """An edit to ``_fastparse.pyx`` takes effect only once built again."""
-    from pathlib import Path
-
-    assert parsing._fastparse is not None
-    source = Path(parsing.__file__).with_name("_fastparse.pyx")
-    built = parsing._fastparse.__file__
-    if not source.exists():  # an installed wheel, which carries no sources to edit
-        return
-    assert Path(built).stat().st_mtime >= source.stat().st_mtime, (
-        "schemas/_fastparse.pyx changed since the extension was built: pip install -e ."
-    )
+    assert_built_after(parsing._fastparse, "schemas/_fastparse.pyx")
 
 
 _DEEP_EXTRA: bytes = (

@@ -19,6 +19,7 @@ from handlers.state import Account, Bucket, EventRecord, Snapshot, WorkingState,
 from schemas.events import EventRejected, EventType, parse_event
 from schemas.rules import RuleSet, parse_rules
 from stores.base import LATEST_EXPIRY, expire, stamp
+from tests.unit.built import SLOTS, assert_built_after
 from tests.unit.test_decide import RULES
 
 EXAMPLE_RULES = "examples/rules.yaml"
@@ -261,17 +262,7 @@ def test_without_the_extension_the_python_path_decides(monkeypatch: Any) -> None
 def test_the_built_extension_is_not_older_than_its_source() -> None:
     """An edit to ``_fastcore.pyx``, or to the ``_slots`` code it takes in, takes effect
     only once built again."""
-    from pathlib import Path
-
-    built = decide._fastcore.__file__ if decide._fastcore is not None else None
-    assert built is not None, "handlers._fastcore is not built: pip install -e . builds it"
-    for name in ("_fastcore.pyx", "_slots.pyx", "_slots.pxd"):
-        source = Path(decide.__file__).with_name(name)
-        if not source.exists():  # an installed wheel, which carries no sources to edit
-            continue
-        assert Path(built).stat().st_mtime >= source.stat().st_mtime, (
-            f"handlers/{name} changed since the extension was built: pip install -e ."
-        )
+    assert_built_after(decide._fastcore, "handlers/_fastcore.pyx", *SLOTS)
 
 
 def test_every_attribute_the_compiled_path_reads_is_read_in_its_slot() -> None:

@@ -4,14 +4,13 @@ order, whichever build publishes them."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from aiokafka.partitioner import DefaultPartitioner, murmur2  # type: ignore[import-untyped]
 from hypothesis import given
 from hypothesis import strategies as st
 
 from streams import output
+from tests.unit.built import assert_built_after
 
 try:
     from streams import _fastkafka
@@ -69,8 +68,4 @@ def test_output_uses_the_compiled_partitioner() -> None:
 @needs_compiled
 def test_the_built_extension_is_not_older_than_its_source() -> None:
     """An edit to ``_fastkafka.pyx`` takes effect only once built again."""
-    source = Path(output.__file__).with_name("_fastkafka.pyx")
-    if source.exists():  # (an installed wheel carries no sources to edit)
-        assert Path(_fastkafka.__file__).stat().st_mtime >= source.stat().st_mtime, (
-            "streams/_fastkafka.pyx changed since the extension was built: pip install -e ."
-        )
+    assert_built_after(_fastkafka, "streams/_fastkafka.pyx")

@@ -18,6 +18,7 @@ from schemas.rules import load_rules
 from stores import sqlite
 from stores.base import LATEST_EXPIRY, stamp
 from stores.verdict_codec import pack_verdict
+from tests.unit.built import SLOTS, assert_built_after
 
 try:
     from stores import _fastsqlite
@@ -119,14 +120,4 @@ def test_the_store_uses_the_compiled_loops() -> None:
 def test_the_built_extension_is_not_older_than_its_source() -> None:
     """An edit to ``_fastsqlite.pyx`` (or to the ``_slots`` code it takes in) takes effect
     only once built again."""
-    built = Path(_fastsqlite.__file__)
-    root = Path(sqlite.__file__).resolve().parents[1]
-    for source in (
-        root / "stores" / "_fastsqlite.pyx",
-        root / "handlers" / "_slots.pyx",
-        root / "handlers" / "_slots.pxd",
-    ):
-        if source.exists():  # (an installed wheel carries no sources to edit)
-            assert built.stat().st_mtime >= source.stat().st_mtime, (
-                f"{source.name} changed since the extension was built: pip install -e ."
-            )
+    assert_built_after(_fastsqlite, "stores/_fastsqlite.pyx", *SLOTS)

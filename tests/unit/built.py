@@ -1,0 +1,24 @@
+"""What the tests of every compiled twin check of its build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+SLOTS = ("handlers/_slots.pyx", "handlers/_slots.pxd")
+"""The slot access every compiled module but the parser's and the partitioner's takes in."""
+
+
+def assert_built_after(extension: ModuleType | None, *sources: str) -> None:
+    """An edit to ``sources`` (paths from the repository's root) takes effect only once
+    the extension is built again: fail when one is newer than the built file. A source
+    that is not there (an installed wheel carries none to edit) is skipped."""
+    assert extension is not None, "not built: pip install -e . builds the extensions"
+    built = Path(str(extension.__file__)).stat().st_mtime
+    for name in sources:
+        source = ROOT / name
+        if source.exists():
+            assert built >= source.stat().st_mtime, (
+                f"{name} changed since the extension was built: pip install -e ."
+            )
