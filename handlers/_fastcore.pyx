@@ -553,8 +553,10 @@ cdef class FastCore:
         cdef _Rule r
         cdef tuple a
         cdef object bucket, key, end, value
-        cdef list found = []
-        cdef list rules = []
+        cdef PyObject** found
+        """Per applied rule, its bucket as read (NULL: none), then its ``_Rule``: borrowed,
+        as the snapshot's dict and the plan hold them (a bucket is only ever added to the
+        dict here, never replaced, and a rule outlives every plan)."""
         cdef list keys
         cdef long long* counts
         cdef long long* useds
@@ -566,6 +568,10 @@ cdef class FastCore:
         counts = <long long*>malloc(sizeof(long long) * (2 * n + 1))
         if counts == NULL:
             raise MemoryError()
+        found = <PyObject**>malloc(sizeof(PyObject*) * (2 * n + 1))
+        if found == NULL:
+            free(counts)
+            raise MemoryError()
         useds = counts + n
         out.size = 0
         try:
@@ -575,11 +581,11 @@ cdef class FastCore:
                 r = <_Rule>_C_FAST.get(a[0])
                 if not r.usable:
                     return None
-                rules.append(r)
+                found[n + i] = <PyObject*>r
                 if a[2] is None:
                     counts[i] = 0
                     useds[i] = 0
-                    found.append(None)
+                    found[i] = NULL
                     if r.has_amount and amount > r.max_amount:
                         self._violation(out, accepted, r.amount_head, a[1], r.violation_limit)
                         accepted = False
@@ -600,7 +606,7 @@ cdef class FastCore:
                     used = value
                 counts[i] = count
                 useds[i] = used
-                found.append(bucket)
+                found[i] = NULL if bucket is None else <PyObject*>bucket
                 if r.has_count and count >= r.max_count:
                     self._violation(out, accepted, r.count_head, a[1], r.count_limit)
                     accepted = False
@@ -621,7 +627,7 @@ cdef class FastCore:
                 dirty = _W_DIRTY_BUCKETS.get(state)
                 for i in range(n):
                     a = <tuple>applied[i]
-                    r = <_Rule>rules[i]
+                    r = <_Rule>found[n + i]
                     key = a[2]
                     if key is None:
                         count, used = 1, amount
@@ -629,7 +635,7 @@ cdef class FastCore:
                         count = counts[i] + 1
                         used = useds[i]
                         used = self.ceiling if used > self.ceiling - amount else used + amount
-                        bucket = found[i]
+                        bucket = None if found[i] == NULL else <object>found[i]
                         end = a[3]
                         if bucket is None:
                             buckets[key] = Bucket(count, used, 0, end)
@@ -645,7 +651,7 @@ cdef class FastCore:
             else:
                 for i in range(n):
                     a = <tuple>applied[i]
-                    r = <_Rule>rules[i]
+                    r = <_Rule>found[n + i]
                     if a[2] is None:
                         self._limit(out, r, a[1], 1, amount, i)
                     else:
@@ -653,6 +659,7 @@ cdef class FastCore:
                 decision, reason = _REJECT, _LIMIT_EXCEEDED
         finally:
             free(counts)
+            free(found)
 
         event_id = _E_ID.get(event)
         account_id = _E_ACCOUNT.get(event)
