@@ -205,17 +205,17 @@ class Engine:
             del pending[:unit_start]
             raise
         self.stats.commits += 1
-        for index, outcome, event in unit:
+        for index, (kind, verdict, decision, reason, error, detail), event in unit:
             results[index] = Result(
                 records[index],
-                outcome.kind,
-                outcome.verdict,
-                outcome.decision,
-                outcome.reason,
+                kind,
+                verdict,
+                decision,
+                reason,
                 event.event_id,
                 event.account_id,
-                outcome.error,
-                outcome.detail,
+                error,
+                detail,
             )
 
 
