@@ -13,7 +13,6 @@ def rows(
     expected_buckets: dict[str, int | None],
     expected_events: dict[str, int | None],
     pack: Callable[[bytes], bytes],
-    encode_keys: Callable[[tuple[str, ...]], str],
-    encode_born: Callable[[tuple[int, ...]], str],
+    json_text: Callable[[tuple[str, ...] | tuple[int, ...]], str],
 ) -> Any: ...
 def buckets_into(found: Iterable[tuple[Any, ...]], out: dict[str, Bucket]) -> None: ...

@@ -53,7 +53,7 @@ def slot_fields():
 
 
 def rows(dict buckets, dict accounts, dict events, dict expected_buckets,
-         dict expected_events, pack, encode_keys, encode_born):
+         dict expected_events, pack, json_text):
     """``stores.sqlite.rows``: the parameters of a commit's six statements."""
     cdef list fresh_b = [], old_b = [], fresh_a = [], old_a = [], fresh_e = [], old_e = []
     cdef tuple row
@@ -105,11 +105,11 @@ def rows(dict buckets, dict accounts, dict events, dict expected_buckets,
             _R_AMOUNT.get(r),
             _R_CURRENCY.get(r),
             _R_REVERSED.get(r),
-            encode_keys(_R_BUCKETS.get(r)),
+            json_text(_R_BUCKETS.get(r)),
             _R_OCCURRED.get(r),
             version,
             _R_EXPIRES_AT.get(r),
-            encode_born(born) if born else None,
+            json_text(born) if born else None,
             k,
         )
         if version == 1:

@@ -99,14 +99,10 @@ _EventRow = tuple[
 """An ``events`` row as the statements take it: every column but ``id``, then ``id``."""
 
 
-def _encode_keys(keys: tuple[str, ...]) -> str:
-    """Bucket keys of a record as JSON text, by msgspec (several times faster than the json
-    module; rows that json wrote, with spaces, read the same)."""
-    return _keys_encoder.encode(keys).decode()
-
-
-def _encode_born(born: tuple[int, ...]) -> str:
-    return _keys_encoder.encode(born).decode()
+def _json_text(values: tuple[str, ...] | tuple[int, ...]) -> str:
+    """A record's bucket keys or their life stamps as JSON text, by msgspec (several times
+    faster than the json module; rows that json wrote, with spaces, read the same)."""
+    return _keys_encoder.encode(values).decode()
 
 
 _BucketRow = tuple[str, int, int, int | None, int | None, int]
@@ -130,8 +126,7 @@ def rows(
     expected_buckets: dict[str, int | None],
     expected_events: dict[str, int | None],
     pack: Callable[[bytes], bytes],
-    encode_keys: Callable[[tuple[str, ...]], str],
-    encode_born: Callable[[tuple[int, ...]], str],
+    json_text: Callable[[tuple[str, ...] | tuple[int, ...]], str],
 ) -> Rows:
     """The parameters of a commit's six statements: new rows (version 1) to insert, and
     rows to update on condition (each with the version and expiry it replaces).
@@ -172,11 +167,11 @@ def rows(
             r.amount,
             r.currency,
             r.reversed,
-            encode_keys(r.buckets),
+            json_text(r.buckets),
             r.occurred,
             r.version,
             r.expires_at,
-            encode_born(r.born) if r.born else None,
+            json_text(r.born) if r.born else None,
             k,
         )
         if r.version == 1:
@@ -406,8 +401,7 @@ class SqliteStore(Store):
             expected.buckets,
             expected.events,
             pack,
-            _encode_keys,
-            _encode_born,
+            _json_text,
         )
         # an event record of any other version is counted and written by no statement:
         # the commit fails as a conflict (as before; ``take_writes`` makes none such)

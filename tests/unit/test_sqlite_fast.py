@@ -57,8 +57,7 @@ def _rows(build: Callable[..., Any], writes: Writes, held: tuple[Any, Any]) -> A
         writes.events,
         *held,
         pack_verdict,
-        sqlite._encode_keys,
-        sqlite._encode_born,
+        sqlite._json_text,
     )
 
 
