@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS = ("handlers/_slots.pyx", "handlers/_slots.pxd")
 """The slot access every compiled module but the parser's and the partitioner's takes in."""
+
+
+def optional(name: str) -> tuple[Any, pytest.MarkDecorator]:
+    """The compiled module ``name`` (None when it is not built: no C compiler at
+    install), and a marker that skips a test needing it, saying why."""
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        module = None
+    reason = f"{name} is not built (no C compiler?): pip install -e . builds it"
+    return module, pytest.mark.skipif(module is None, reason=reason)
 
 
 def assert_built_after(extension: ModuleType | None, *sources: str) -> None:

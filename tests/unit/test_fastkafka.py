@@ -10,17 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streams import output
-from tests.unit.built import assert_built_after
+from tests.unit.built import assert_built_after, optional
 
-try:
-    from streams import _fastkafka
-except ImportError:  # built without a C compiler: the tests that need it say so
-    _fastkafka = None  # type: ignore[assignment]
-
-needs_compiled = pytest.mark.skipif(
-    _fastkafka is None,
-    reason="streams._fastkafka is not built (no C compiler?): pip install -e . builds it",
-)
+_fastkafka, needs_compiled = optional("streams._fastkafka")
 
 
 @needs_compiled

@@ -18,17 +18,9 @@ from schemas.rules import load_rules
 from stores import sqlite
 from stores.base import LATEST_EXPIRY, stamp
 from stores.verdict_codec import pack_verdict
-from tests.unit.built import SLOTS, assert_built_after
+from tests.unit.built import SLOTS, assert_built_after, optional
 
-try:
-    from stores import _fastsqlite
-except ImportError:  # built without a C compiler: the tests that need it say so
-    _fastsqlite = None  # type: ignore[assignment]
-
-needs_compiled = pytest.mark.skipif(
-    _fastsqlite is None,
-    reason="stores._fastsqlite is not built (no C compiler?): pip install -e . builds it",
-)
+_fastsqlite, needs_compiled = optional("stores._fastsqlite")
 RULES = Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"
 NOW = 1_772_400_000
 
