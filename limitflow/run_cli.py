@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from limitflow.settings import (
+    COMPRESSIONS,
     DEFAULT_STORE,
     Guarantee,
     KafkaSettings,
@@ -69,6 +70,14 @@ def _kafka_options(parser: argparse.ArgumentParser) -> None:
         help=_env_help(
             "largest record published; a larger dead letter names its record (1000000)",
             "max_message_bytes",
+        ),
+    )
+    tuning.add_argument(
+        "--compression",
+        choices=COMPRESSIONS,
+        help=_env_help(
+            "codec of the record batches published; readers must support it (zstd)",
+            "compression",
         ),
     )
 
@@ -182,6 +191,8 @@ def _consumer(settings: RunSettings) -> AIOKafkaConsumer:
 def _producer(kafka: KafkaSettings, transactional_id: str | None = None) -> AIOKafkaProducer:
     from aiokafka import AIOKafkaProducer
 
+    from streams.output import batch_bytes
+
     # Plain producer (acks=all) unless transactional: idempotence needs producer ids, which
     # some Kafka-protocol brokers (tansu) do not implement. Order is kept by streams.output
     # sending whole record batches, one in flight per partition (so no lingering either).
@@ -190,7 +201,8 @@ def _producer(kafka: KafkaSettings, transactional_id: str | None = None) -> AIOK
         client_id=kafka.client_id,
         acks="all",
         linger_ms=0,
-        max_batch_size=256 * 1024,
+        max_batch_size=batch_bytes(kafka.max_message_bytes),
+        compression_type=None if kafka.compression == "none" else kafka.compression,
         request_timeout_ms=kafka.request_timeout_ms,
         transactional_id=transactional_id,
         enable_idempotence=transactional_id is not None,

@@ -23,20 +23,25 @@ from streams.output import Message, send_all
 class RecordingProducer:
     """``partitions_for``/``create_batch``/``send_batch``, acknowledged by the test."""
 
-    def __init__(self, partitions: int = 2, batch_bytes: int = 600) -> None:
+    def __init__(self, partitions: int = 2, batch_bytes: int = 600, codec: int = 0) -> None:
         self.partitions = set(range(partitions))
         self.batch_bytes = batch_bytes
+        self.codec = codec
+        self.built: list[int] = []
+        """The size of each record batch sent, as a broker receives it."""
         self.queued: list[tuple[int, list[bytes], asyncio.Future[None]]] = []
 
     async def partitions_for(self, topic: str) -> set[int]:
         return self.partitions
 
     def create_batch(self) -> Any:
-        return BatchBuilder(self.batch_bytes, 0, is_transactional=False)
+        return BatchBuilder(self.batch_bytes, self.codec, is_transactional=False)
 
     async def send_batch(self, builder: Any, topic: str, *, partition: int) -> Any:
         builder.close()
-        values = [r.value for r in _records(builder)]
+        built = bytes(builder._builder.build())  # compresses, once
+        self.built.append(len(built))
+        values = [r.value for r in _records(built)]
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.queued.append((partition, values, future))
         return future
@@ -45,12 +50,12 @@ class RecordingProducer:
         return [q for q in self.queued if not q[2].done()]
 
 
-def _records(builder: Any) -> list[Any]:
+def _records(built: bytes) -> list[Any]:
     from aiokafka.record.default_records import (  # type: ignore[import-untyped]
         DefaultRecordBatch,
     )
 
-    return list(DefaultRecordBatch(bytes(builder._builder.build())))
+    return list(DefaultRecordBatch(built))
 
 
 def verdicts(key: bytes, count: int) -> list[Message]:
@@ -119,6 +124,32 @@ async def test_one_key_stays_on_one_partition_in_order() -> None:
     for partition, values, _ in producer.queued:
         expected = [m.value for m in batch if by_key[m.value[:1]] == {partition}]
         assert values == expected
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+async def test_a_batch_of_verdicts_goes_out_in_one_record_batch_per_partition(codec: str) -> None:
+    # with 256 KB batches a partition's share of a 2,000-event batch took two produce
+    # round trips, one after the other; the batch must still fit the broker's limit
+    from aiokafka.record.default_records import (  # type: ignore[import-untyped]
+        DefaultRecordBatch,
+    )
+
+    from streams.output import batch_bytes
+
+    limit = 1_000_000
+    codes = {"none": 0, "zstd": DefaultRecordBatch.CODEC_ZSTD}
+    producer = RecordingProducer(partitions=6, batch_bytes=batch_bytes(limit), codec=codes[codec])
+    value = json.dumps({"limits": ["x" * 1_100]}).encode()  # about a verdict's size
+    batch = [Message("v", b"acct-%d" % (i % 500), value, []) for i in range(2_000)]
+    task = asyncio.create_task(send_all(producer, batch))
+    while not task.done():
+        await settle()
+        for _, _, future in producer.pending():
+            future.set_result(None)
+    await task
+    assert len(producer.queued) == len({p for p, _, _ in producer.queued}) == 6
+    assert sum(len(values) for _, values, _ in producer.queued) == 2_000
+    assert max(producer.built) <= limit
 
 
 def test_a_dead_letter_record_fits_the_message_limit_with_its_key_and_headers() -> None:
