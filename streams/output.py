@@ -62,9 +62,10 @@ def batch_bytes(max_message_bytes: int) -> int:
 
     One batch then carries a whole output partition's share of a decided batch (~470 KB
     for 2,000 verdicts over 6 partitions), one produce round trip where 256 KB batches,
-    sent one after another to keep the order, took two: a `limitflow run` pipeline
-    went from ~17,700 to ~20,000-20,500 events/s, uncompressed (2026-11-25). A record
-    larger than this still goes, alone in its batch."""
+    sent one after another to keep the order, took two. With zstd (the default
+    ``compression``) a `limitflow run` pipeline went from 19,740-20,274 to 22,185-22,293
+    events/s in runs taken in turn (2026-11-25; README, Benchmarks). A record larger than
+    this still goes, alone in its batch."""
     return max(max_message_bytes - _RECORD_OVERHEAD, 1)
 
 
