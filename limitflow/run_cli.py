@@ -191,7 +191,7 @@ def _consumer(settings: RunSettings) -> AIOKafkaConsumer:
 def _producer(kafka: KafkaSettings, transactional_id: str | None = None) -> AIOKafkaProducer:
     from aiokafka import AIOKafkaProducer
 
-    from streams.output import batch_bytes
+    from streams.output import batch_bytes, compression_type
 
     # Plain producer (acks=all) unless transactional: idempotence needs producer ids, which
     # some Kafka-protocol brokers (tansu) do not implement. Order is kept by streams.output
@@ -202,7 +202,7 @@ def _producer(kafka: KafkaSettings, transactional_id: str | None = None) -> AIOK
         acks="all",
         linger_ms=0,
         max_batch_size=batch_bytes(kafka.max_message_bytes),
-        compression_type=None if kafka.compression == "none" else kafka.compression,
+        compression_type=compression_type(kafka.compression),
         request_timeout_ms=kafka.request_timeout_ms,
         transactional_id=transactional_id,
         enable_idempotence=transactional_id is not None,

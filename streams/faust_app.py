@@ -55,7 +55,7 @@ from limitflow.settings import (
 from schemas.rules import RulesError, RuleSet, load_rules
 from stores.base import Store
 from streams.engine import Engine, Record, Result, fewer_collections
-from streams.output import Message, batch_bytes, messages, send_all
+from streams.output import Message, batch_bytes, compression_type, messages, send_all
 
 log = logging.getLogger("limitflow.faust")
 
@@ -325,7 +325,7 @@ def build_app(settings: FaustSettings) -> faust.App:
         producer_request_timeout=settings.request_timeout_ms / 1000,
         # as `limitflow run`'s: faust's own 16 KB batches held ~11 verdicts each
         producer_max_batch_size=batch_bytes(settings.max_message_bytes),
-        producer_compression_type=None if settings.compression == "none" else settings.compression,
+        producer_compression_type=compression_type(settings.compression),
         web_port=settings.web_port,
         datadir=settings.data_dir
         or os.path.join(tempfile.gettempdir(), f"limitflow-faust-{settings.group_id}"),

@@ -69,6 +69,12 @@ def batch_bytes(max_message_bytes: int) -> int:
     return max(max_message_bytes - _RECORD_OVERHEAD, 1)
 
 
+def compression_type(compression: str) -> str | None:
+    """The producer's ``compression_type`` for a ``compression`` setting: aiokafka takes
+    None, not "none", for batches sent as they are."""
+    return None if compression == "none" else compression
+
+
 class Message(NamedTuple):
     """One record to publish."""
 
