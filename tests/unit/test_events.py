@@ -373,6 +373,13 @@ def test_a_naive_time_is_invalid(text: str) -> None:
         "2016-12-31T23:59:60+08:00",
         "2016-12-31T23:58:60Z",
         "2016-12-30T23:59:60Z",  # not the last day of a month
+        # RFC 3339 offsets run to 23:59; Python 3.11's fromisoformat reads +08:60 as
+        # +09:00 and +08:99 as +09:39
+        "2026-01-01T00:00:00+08:60",
+        "2026-01-01T00:00:00+08:99",
+        "2026-01-01T00:00:00-00:75",
+        "2026-01-01T00:00:00+24:00",
+        "2026-01-01T00:00:00-99:00",
     ],
 )
 def test_dates_and_malformed_times_are_invalid(text: str) -> None:
