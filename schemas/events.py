@@ -210,9 +210,15 @@ fingerprint's encoder recurse, so a record nested thousands deep would raise
 RecursionError, which is no dead-letter code: it would stop the consumer on every retry."""
 
 
+JSON_BLANKS: Final = b" \t\r\n"
+"""JSON's whitespace (RFC 8259): all that a blank line or an empty record may hold.
+``bytes.strip()`` also takes vertical tab and form feed, which are not JSON's: a line of
+them is bad input, to dead-letter, not a blank one to skip."""
+
+
 def decode_json(raw: bytes | str) -> Any:
     """Decode one JSON document, keeping number literals exact."""
-    if not raw.strip():
+    if not (raw.strip(" \t\r\n") if isinstance(raw, str) else raw.strip(JSON_BLANKS)):
         raise EventRejected(DeadLetterError.INVALID_JSON, "empty record: no JSON document")
     try:
         return _decoder.decode(raw)

@@ -305,6 +305,18 @@ def test_an_input_of_only_blank_lines_gives_empty_outputs(replay: Replay) -> Non
     assert result.stderr.decode().startswith("0 events: ")
 
 
+@pytest.mark.parametrize("odd", ["\x0b", "\x0c", " \x0c\t"])
+def test_a_line_of_whitespace_json_does_not_know_is_dead_lettered(replay: Replay, odd: str) -> None:
+    # bytes.strip() takes vertical tab and form feed for blanks; JSON does not: such a
+    # line is bad input, and every non-blank line ends up in one of the outputs
+    _, out, dead = replay(["", odd, "  "])
+    assert out == b""
+    letters = jsonl(dead)
+    assert [(d["error"], d["source"]["line"], d["raw"]) for d in letters] == [
+        ("invalid_json", 2, odd)
+    ]
+
+
 # --- stdin and stdout --------------------------------------------------------------------
 
 
