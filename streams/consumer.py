@@ -339,8 +339,10 @@ class VelocityConsumer:
                     raise BatchAbandoned("stop grace period expired during an outage")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._interrupt.wait(), timeout=min(left, 1.0))
-            if not (self.stopping or self._revoking):
-                self._interrupt.clear()
+            # woken (or not): the flags say why at the next pass. Left set while stopping,
+            # the event ended every later wait at once, and the wait spun on the CPU for
+            # the whole grace period; a second signal sets it again
+            self._interrupt.clear()
             await self._keep_membership()
             await self._lag_during_outage()
 

@@ -19,7 +19,7 @@ from limitflow.errors import BrokerRejected
 from limitflow.settings import load_run_settings
 from schemas.rules import load_rules
 from stores.memory import MemoryStore
-from streams.consumer import VelocityConsumer
+from streams.consumer import BatchAbandoned, VelocityConsumer
 from streams.engine import Engine, Record
 from streams.ops import ConsumerState, Health, Metrics
 from streams.output import Output
@@ -136,3 +136,32 @@ async def test_results_are_counted_by_decision_reason_and_error() -> None:
     assert value("limitflow_verdicts_total", {**limit, "duplicate": "true"}) == 2
     assert value("limitflow_dead_letters_total", {"error": "invalid_json"}) == 2
     assert value("limitflow_dead_letters_total", {"error": "invalid_event"}) == 1
+
+
+async def test_a_retry_wait_after_a_stop_sleeps_instead_of_spinning() -> None:
+    # request_stop wakes the wait once; the event it set stayed set, and every later
+    # pass of the wait returned at once: a stop during an outage spun on the CPU, polling,
+    # for the whole grace period (30 s by default)
+    runner = _runner(_Consumer(), Engine(Decider(load_rules(RULES)), MemoryStore()))
+    passes = 0
+
+    async def keep_membership() -> None:
+        nonlocal passes
+        passes += 1
+
+    runner._keep_membership = keep_membership  # type: ignore[method-assign]
+    runner.request_stop()
+    started = asyncio.get_running_loop().time()
+    await runner._wait(0.6, "decide")
+    assert asyncio.get_running_loop().time() - started >= 0.55  # the backoff, slept
+    assert passes <= 3  # woken by the stop, then 1-s slices: not thousands of passes
+
+
+async def test_a_second_signal_still_ends_a_retry_wait_at_once() -> None:
+    runner = _runner(_Consumer(), Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.request_stop()
+    waiting = asyncio.create_task(runner._wait(30, "decide"))
+    await asyncio.sleep(0.05)  # woken by the first signal, now waiting on the event
+    runner.request_stop(now=True)
+    with pytest.raises(BatchAbandoned, match="grace"):
+        await asyncio.wait_for(waiting, 2)
