@@ -220,6 +220,8 @@ class VelocityConsumer:
             for r in batch[tp]
         ]
         keys = {(r.partition, r.offset): r.key for tp in order for r in batch[tp]}
+        done: set[TopicPartition] = set()
+        """Partitions whose verdicts and offset are committed (``Output.deliver``)."""
         self.metrics.events.inc(len(records))
         self.metrics.batch_size.observe(len(records))
         try:
@@ -240,10 +242,14 @@ class VelocityConsumer:
                 position += len(batch[tp])
                 out[tp] = list(messages(chunk, topics, key_of))
             offsets = {tp: batch[tp][-1].offset + 1 for tp in order}
-            done: set[TopicPartition] = set()
             await self._retrying("publish", lambda: self.output.deliver(out, offsets, done))
         except (BatchAbandoned, PartitionLost) as exc:
-            self._rewind(batch, exc)
+            # Under exactly-once each partition commits in its own transaction: those done
+            # are published and committed, and reading them again would publish their
+            # verdicts a second time to read_committed readers. Only the rest go back.
+            for tp in done:
+                self._positions[tp] = offsets[tp]
+            self._rewind({tp: recs for tp, recs in batch.items() if tp not in done}, exc)
             return
         self.metrics.commits.inc()
         self._count_results(results)
@@ -263,7 +269,13 @@ class VelocityConsumer:
         )
 
     def _rewind(self, batch: Batch, why: BaseException) -> None:
-        """Put the uncommitted batch back: partitions still ours are read again from it."""
+        """Put the uncommitted batch back: partitions still ours are read again from it.
+
+        Under exactly-once, a partition whose transaction failed may yet have committed
+        (``TransactionalOutput``): its next transaction publishes only what lies past the
+        committed offset."""
+        if not batch:
+            return
         assigned = self.consumer.assignment()
         for tp, recs in batch.items():
             if tp in assigned:

@@ -82,6 +82,8 @@ class Message(NamedTuple):
     key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes]]
+    offset: int | None = None
+    """The offset of the input record it answers, when it answers one."""
 
 
 class Destinations(Protocol):
@@ -109,6 +111,8 @@ def messages(
     for result in results:
         src = result.record.source
         headers = [("source", f"{src['topic']}:{src['partition']}:{src['offset']}".encode())]
+        at = src["offset"]
+        offset = at if isinstance(at, int) else None
         if result.event_id is not None:
             headers.insert(0, ("event_id", result.event_id.encode()))
         if result.kind is OutcomeKind.DEAD_LETTER:
@@ -120,11 +124,15 @@ def messages(
             key, value = fitted_dead_letter(
                 letter, result.record.raw, key_of(result), headers, settings.max_message_bytes
             )
-            yield Message(settings.dead_letter_topic, key, value, headers)
+            yield Message(settings.dead_letter_topic, key, value, headers, offset)
         else:
             assert result.verdict is not None and result.account_id is not None
             yield Message(
-                settings.output_topic, result.account_id.encode(), result.verdict, headers
+                settings.output_topic,
+                result.account_id.encode(),
+                result.verdict,
+                headers,
+                offset,
             )
 
 
@@ -383,6 +391,10 @@ class TransactionalOutput(Output):
             self._unsure.discard(tp)
             if committed is not None and committed >= offset:
                 return  # published and committed already: not again
+            if committed is not None:
+                # after a rewind the batch may start before what that transaction
+                # committed (then extend past it): those records' verdicts are out
+                batch = [m for m in batch if m.offset is None or m.offset >= committed]
         await producer.begin_transaction()
         self._unsure.add(tp)
         await send_all(producer, batch)

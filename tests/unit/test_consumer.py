@@ -15,7 +15,7 @@ import pytest
 from aiokafka import TopicPartition  # type: ignore[import-untyped]
 
 from handlers.decide import Decider
-from limitflow.errors import BrokerRejected
+from limitflow.errors import BrokerRejected, PartitionLost
 from limitflow.settings import load_run_settings
 from schemas.rules import load_rules
 from stores.memory import MemoryStore
@@ -165,3 +165,55 @@ async def test_a_second_signal_still_ends_a_retry_wait_at_once() -> None:
     runner.request_stop(now=True)
     with pytest.raises(BatchAbandoned, match="grace"):
         await asyncio.wait_for(waiting, 2)
+
+
+class _Seeking(_Consumer):
+    """The stand-in, recording where each partition was sent back to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seeks: dict[TopicPartition, int] = {}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks[tp] = offset
+
+
+class _LosesOnePartition(Output):
+    """Exactly-once's shape: each partition commits alone; ``lost``'s is fenced."""
+
+    def __init__(self, lost: TopicPartition) -> None:
+        self.lost = lost
+
+    async def deliver(
+        self,
+        batch: Any,
+        offsets: Any,
+        done: set[TopicPartition],
+    ) -> None:
+        done.update(tp for tp in batch if tp != self.lost)
+        raise PartitionLost(f"{self.lost}: ProducerFenced")
+
+
+class _Record:
+    def __init__(self, tp: TopicPartition, offset: int) -> None:
+        self.topic, self.partition, self.offset = tp.topic, tp.partition, offset
+        self.key = b"a"
+        self.value = (
+            b'{"event_id": "%s-%d", "account_id": "a", "amount": "1.00", "currency": "CNY",'
+            b' "occurred_at": "2026-03-01T00:00:00Z"}' % (str(tp).encode(), offset)
+        )
+
+
+async def test_partitions_committed_before_another_is_lost_are_not_read_again() -> None:
+    # Under exactly-once, partition 0's transaction committed its verdicts and offset,
+    # then partition 1's was fenced. Sending partition 0 back to the batch's start made
+    # the next batch publish its verdicts again, a second time for read_committed readers.
+    consumer = _Seeking()
+    kept, lost = TopicPartition("in", 0), TopicPartition("in", 1)
+    consumer.assigned = {kept, lost}
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.output = _LosesOnePartition(lost)
+    batch = {tp: [_Record(tp, n) for n in range(100, 103)] for tp in (kept, lost)}
+    await runner._handle(batch)  # type: ignore[arg-type]
+    assert consumer.seeks == {lost: 100}
+    assert runner._positions[kept] == 103

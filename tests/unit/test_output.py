@@ -193,3 +193,69 @@ def test_an_overlong_event_id_is_not_repeated_in_the_dead_letter() -> None:
     raw = json.dumps({"event_id": "e" * 129, "account_id": "a"}).encode()
     (result,) = asyncio.run(engine.process([Record(raw, {"line": 1})]))
     assert result.error is not None and result.event_id is None
+
+
+class _Committed:
+    """The consumer as ``TransactionalOutput`` asks it: the group's committed offset."""
+
+    def __init__(self, offset: int | None) -> None:
+        self.offset = offset
+
+    async def committed(self, tp: Any) -> int | None:
+        return self.offset
+
+
+class _Transactions:
+    """A transactional producer's calls, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    async def send_offsets_to_transaction(self, offsets: Any, group_id: str) -> None:
+        self.calls.append(f"offsets {sorted(offsets.values())}")
+
+    async def commit_transaction(self) -> None:
+        self.calls.append("commit")
+
+
+@pytest.mark.parametrize(
+    ("committed", "published"),
+    [
+        (None, [100, 101, 102, 103]),  # nothing committed yet: all of it
+        (100, [100, 101, 102, 103]),
+        (102, [102, 103]),  # the failed transaction did commit 100-101: not again
+        (104, []),  # all of it committed: no new transaction
+    ],
+)
+async def test_after_a_failed_transaction_only_what_lies_past_the_committed_offset_goes_out(
+    monkeypatch: pytest.MonkeyPatch, committed: int | None, published: list[int]
+) -> None:
+    # After a rewind, the batch that follows a failed transaction starts where that one
+    # started and may reach further: whatever it committed must not be published again.
+    from aiokafka import TopicPartition  # type: ignore[import-untyped]
+
+    from streams import output
+
+    tp = TopicPartition("in", 0)
+    sent: list[int | None] = []
+
+    async def recorded_send_all(producer: Any, batch: list[Message]) -> None:
+        sent.extend(m.offset for m in batch)
+
+    monkeypatch.setattr(output, "send_all", recorded_send_all)
+    transactional = output.TransactionalOutput(
+        lambda _: None,  # type: ignore[arg-type,return-value]
+        _Committed(committed),  # type: ignore[arg-type]
+        "g",
+    )
+    producer = _Transactions()
+    transactional.producers[tp] = producer  # type: ignore[assignment]
+    transactional._unsure.add(tp)
+    batch = [Message("v", b"a", b"%d" % n, [], n) for n in range(100, 104)]
+    await transactional._transact_once(tp, batch, 104)
+    assert sent == published
+    assert producer.calls == (["begin", "offsets [104]", "commit"] if published else [])
+    assert tp not in transactional._unsure
