@@ -329,14 +329,20 @@ class TransactionalOutput(Output):
         return producer
 
     async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
+        # aiokafka retries InitProducerId and OffsetFetch without end while the brokers
+        # are unreachable: a deadline turns that into an outage, which the consumer logs,
+        # shows on /readyz and retries, instead of a take-over that hangs quietly
+        with kafka_errors_translated():
+            await asyncio.wait_for(self._take_over(partitions), 2 * self.timeout)
+
+    async def _take_over(self, partitions: frozenset[TopicPartition]) -> None:
         # Fence the previous owners first: their open transactions are aborted and
         # committing ones completed, so the committed offsets read next are final.
-        with kafka_errors_translated():
-            await asyncio.gather(*(self._producer(tp) for tp in partitions))
-            for tp in partitions:
-                committed = await self.consumer.committed(tp)
-                if committed is not None:
-                    self.consumer.seek(tp, committed)
+        await asyncio.gather(*(self._producer(tp) for tp in partitions))
+        for tp in partitions:
+            committed = await self.consumer.committed(tp)
+            if committed is not None:
+                self.consumer.seek(tp, committed)
 
     async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
         self._unsure -= partitions  # the next owner starts from the committed offset

@@ -259,3 +259,40 @@ async def test_after_a_failed_transaction_only_what_lies_past_the_committed_offs
     assert sent == published
     assert producer.calls == (["begin", "offsets [104]", "commit"] if published else [])
     assert tp not in transactional._unsure
+
+
+class _Unanswered:
+    """A consumer whose OffsetFetch never returns, as aiokafka's while the brokers are away."""
+
+    async def committed(self, tp: Any) -> int | None:
+        await asyncio.Event().wait()
+        return None
+
+
+class _Startable:
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+async def test_a_take_over_the_brokers_do_not_answer_is_an_outage_not_a_hang() -> None:
+    # aiokafka retries InitProducerId and OffsetFetch without end while the brokers are
+    # unreachable: the take-over of new partitions (exactly-once) hung quietly, with
+    # /readyz saying "running", instead of being retried and shown as an outage
+    from aiokafka import TopicPartition
+
+    from limitflow.errors import BrokerUnavailable
+    from streams.consumer import is_retriable
+    from streams.output import TransactionalOutput
+
+    transactional = TransactionalOutput(
+        lambda _: _Startable(),  # type: ignore[arg-type,return-value]
+        _Unanswered(),  # type: ignore[arg-type]
+        "g",
+        timeout=0.05,
+    )
+    with pytest.raises(BrokerUnavailable) as caught:
+        await asyncio.wait_for(transactional.on_assigned(frozenset({TopicPartition("in", 0)})), 5)
+    assert is_retriable(caught.value)
