@@ -852,8 +852,9 @@ cdef inline bint _small(object value):
 
 def stamp(writes, now, bucket_seconds, event_seconds, latest):
     """``stores.base.stamp``: the expiries as read, then each record's new expiry and
-    life stamps set, for ``Store.commit``. Integers past 62 bits (what a damaged store
-    may hold) are worked out with Python's, as there."""
+    life stamps set, for ``Store.commit`` (a record no earlier than the buckets it
+    counted in). Integers past 62 bits (what a damaged store may hold) are worked out
+    with Python's, as there."""
     cdef dict buckets = _WR_BUCKETS.get(writes)
     cdef dict events = _WR_EVENTS.get(writes)
     cdef dict held_buckets = lf_dict_of(len(buckets))
@@ -880,14 +881,30 @@ def stamp(writes, now, bucket_seconds, event_seconds, latest):
         if not _B_BORN.get(bucket):  # a new life: new, expired when read, or stored before
             _B_BORN.set(bucket, now)
     for key, record in events.items():
-        held_events[key] = _R_EXPIRES_AT.get(record)
+        held = _R_EXPIRES_AT.get(record)
+        held_events[key] = held
         occurred = _R_OCCURRED.get(record)
         if fast and _small(occurred):
             at = (<long long>occurred if <long long>occurred > c_now else c_now) + c_event
-            _R_EXPIRES_AT.set(record, at if at < c_latest else c_latest)
+            until = at if at < c_latest else c_latest
         else:
             expires_at = (occurred if occurred > now else now) + event_seconds
-            _R_EXPIRES_AT.set(record, expires_at if expires_at < latest else latest)
+            until = expires_at if expires_at < latest else latest
+        if held is None and _R_VERSION.get(record) > 1:
+            until = None  # stored before to never expire: it stays so
+        else:
+            # never before a bucket it counted in or released from, as this commit
+            # writes it (a lifetime bucket: never)
+            for bucket_key in _R_BUCKETS.get(record):
+                counted = buckets.get(bucket_key)
+                if counted is None or until is None:
+                    continue
+                counted_until = _B_EXPIRES_AT.get(counted)
+                if counted_until is None:
+                    until = None
+                elif counted_until > until:
+                    until = counted_until
+        _R_EXPIRES_AT.set(record, until)
         if _R_BORN.get(record) is None:  # a new payment: its buckets are in this commit
             born = []
             for bucket_key in _R_BUCKETS.get(record):

@@ -486,6 +486,9 @@ class Decider:
             elif amount > left:
                 reason = Reason.REVERSAL_EXCEEDS_ORIGINAL
         limits: list[LimitState] = []
+        released_from: list[str] = []
+        """The buckets this reversal releases from: its record lives as long as they do
+        (``stores.base.stamp``), so that a resend never releases again."""
         if reason is None and original is not None and amount is not None:
             original.reversed += amount
             fully = original.reversed >= original.amount
@@ -505,6 +508,7 @@ class Decider:
                     released = self._released_state(key, held.count, held.amount)
                 else:
                     bucket = state.bucket_for_update(key, None)
+                    released_from.append(key)
                     # never let a release go below zero
                     bucket.amount = max(bucket.amount - amount, 0)
                     if fully:
@@ -546,6 +550,7 @@ class Decider:
                 seq=account.seq,
                 verdict=encoded,
                 currency=currency,
+                buckets=tuple(released_from),
                 occurred=event.epoch,
             ),
         )

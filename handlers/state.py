@@ -72,7 +72,8 @@ class EventRecord(msgspec.Struct, gc=False):
     reversed: int = 0
     """Minor units released by accepted reversals so far."""
     buckets: tuple[str, ...] = ()
-    """Keys of the buckets an accepted payment was added to."""
+    """Keys of the buckets an accepted payment was added to (an accepted reversal: that
+    it released from). The record expires no earlier than they do."""
     occurred: int = 0
     """Event time, epoch s: the base of expiry."""
     version: int = 0

@@ -84,6 +84,11 @@ def stamp(
     ``Expected``), then each one's new expiry (``latest`` at most) set, and the life
     stamps of new buckets (``now``) and of new payments' records (their buckets').
 
+    An idempotency record expires no earlier than the buckets of this commit that it
+    counted in (or, a reversal, released from), and never if one of them never does (a
+    lifetime bucket) or if it never did: else a resend after the record went would be
+    counted again in a bucket still holding it.
+
     The reference, and what runs without a C compiler; ``handlers._fastcore.stamp`` is
     its compiled twin (on a replay, these loops took ~5% of the time)."""
     held_buckets = {key: bucket.expires_at for key, bucket in writes.buckets.items()}
@@ -99,10 +104,24 @@ def stamp(
             bucket.expires_at = expires_at if expires_at < latest else latest
         if not bucket.born:  # a new life: new, expired when read, or stored before
             bucket.born = now
-    for record in writes.events.values():
+    for event_id, record in writes.events.items():
         occurred = record.occurred
-        expires_at = (occurred if occurred > now else now) + event_seconds
-        record.expires_at = expires_at if expires_at < latest else latest
+        own = (occurred if occurred > now else now) + event_seconds
+        until: int | None = own if own < latest else latest
+        if record.version > 1 and held_events[event_id] is None:
+            until = None  # stored before to never expire: it stays so
+        else:
+            # never before a bucket it counted in or released from, as this commit
+            # writes it: a resend after the record went would count (or release) again
+            for bucket_key in record.buckets:
+                counted = buckets.get(bucket_key)
+                if counted is None or until is None:
+                    continue
+                if counted.expires_at is None:  # a lifetime bucket: kept for good
+                    until = None
+                elif counted.expires_at > until:
+                    until = counted.expires_at
+        record.expires_at = until
         if record.born is None:  # a new payment: its buckets are in this commit
             record.born = tuple(
                 [0 if (b := buckets.get(key)) is None else b.born for key in record.buckets]

@@ -559,6 +559,71 @@ async def test_a_reversal_releases_nothing_from_a_bucket_that_expired_and_began_
         await store.close()
 
 
+_KEPT_RULES = b"""
+rules:
+  - id: life
+    window: lifetime
+    currency: CNY
+    max_count: 2
+  - id: year
+    window: year
+    currency: CNY
+    max_amount: "150.00"
+"""
+DAY = 86_400
+
+
+@pytest.mark.parametrize("window", ["lifetime", "year"])
+async def test_an_idempotency_record_outlives_the_buckets_it_counted_in(
+    store_url: str, window: str
+) -> None:
+    """With records kept a day, a resend of p1 a day later was decided again and counted
+    a second time in buckets that still held it: for good in the lifetime bucket, and
+    until the year ends in the year's. A record now lives as long as its buckets (the
+    lifetime's: for ever), and a reversal's as long as those it released from."""
+    clock = [NOW]  # 2030-03-17; the events are of that day
+    store = open_store(
+        store_url + ("&" if "?" in store_url else "?") + "bucket_retention_days=1"
+        "&event_retention_days=1"
+    )
+    store._clock = lambda: clock[0]
+    await store.init()
+    rules = _KEPT_RULES.replace(
+        b"  - id: life" if window == "year" else b"  - id: year", b"  - id: x"
+    )
+    engine = Engine(Decider(parse_rules(rules)), store)
+
+    async def decide(line: bytes) -> tuple[OutcomeKind, bytes]:
+        (result,) = await engine.process([Record(line, {"line": 0})])
+        assert result.verdict is not None
+        return result.kind, result.verdict
+
+    later = 400 * DAY if window == "lifetime" else 200 * DAY  # still 2030: the year lives
+    try:
+        kind, p1 = await decide(_event("p1", "80.00"))
+        assert kind is OutcomeKind.VERDICT and json.loads(p1)["decision"] == "accept"
+        clock[0] = NOW + later
+        assert await decide(_event("p1", "80.00")) == (OutcomeKind.DUPLICATE, p1)
+        kind, r1 = await decide(_event("r1", "30.00", "reversal", original="p1"))
+        assert json.loads(r1)["decision"] == "accept"
+        clock[0] = NOW + 2 * later if window == "lifetime" else NOW + later + 60 * DAY
+        assert await decide(_event("r1", "30.00", "reversal", original="p1")) == (
+            OutcomeKind.DUPLICATE,
+            r1,
+        )
+        # 50.00 of p1 still counts: released once, counted once
+        kind, p2 = await decide(_event("p2", "100.00"))
+        limits = {x["rule_id"]: x for x in json.loads(p2)["limits"]}
+        if window == "lifetime":
+            assert json.loads(p2)["decision"] == "accept"
+            assert limits["life"]["count_used"] == 2
+        else:
+            assert json.loads(p2)["decision"] == "accept"
+            assert limits["year"]["amount_used"] == "150.00"
+    finally:
+        await store.close()
+
+
 async def forget_life(store: Store, bucket: str, event: str) -> None:
     """Take a bucket's life and an event record's list of lives away, as a version before
     they were kept stored them."""

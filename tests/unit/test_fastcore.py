@@ -366,7 +366,7 @@ def _writes(draw: st.DrawFn) -> Writes:
             b"{}",
             occurred=draw(st.integers(min_value=0, max_value=2**70)),
             buckets=tuple(draw(st.lists(st.sampled_from("abcdefghij"), max_size=4))),
-            version=1,
+            version=draw(st.integers(1, 3)),  # 1: new; more: stored before, maybe for good
             expires_at=draw(_EXPIRY),
             born=draw(st.one_of(st.none(), st.just(()), st.just((7,)))),
         )
