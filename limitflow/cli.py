@@ -102,6 +102,27 @@ def _stat(path: str, stream: int) -> os.stat_result | None:
         return None
 
 
+def _refuse_store_outputs(args: argparse.Namespace) -> None:
+    """Refuse an output that is the sqlite store's file (or its WAL or shared memory):
+    opening it for writing would destroy the saved state, and the store, writing it,
+    the verdicts."""
+    store_file = _sqlite_file(args.store)
+    if store_file is None:
+        return
+    for option, path in (("--output", args.output), ("--dead-letter", args.dead_letter)):
+        target = _stat(path, 1)
+        if target is not None and any(
+            os.path.samestat(target, found)
+            for found in (_stat(store_file + end, -1) for end in ("", "-wal", "-shm"))
+            if found is not None
+        ):
+            raise CommandFailed(
+                f"{option} {path} is the store's file: writing there would destroy the"
+                " saved state",
+                EXIT_USAGE,
+            )
+
+
 async def _replay(args: argparse.Namespace) -> int:
     from handlers.decide import Decider
     from stores.base import Store
@@ -119,20 +140,6 @@ async def _replay(args: argparse.Namespace) -> int:
                     f"{option} {path} is the input file: it would be emptied before it is read",
                     EXIT_USAGE,
                 )
-    store_file = _sqlite_file(args.store)
-    if store_file is not None:
-        for option, path in (("--output", args.output), ("--dead-letter", args.dead_letter)):
-            target = _stat(path, 1)
-            if target is not None and any(
-                os.path.samestat(target, found)
-                for found in (_stat(store_file + end, -1) for end in ("", "-wal", "-shm"))
-                if found is not None
-            ):
-                raise CommandFailed(
-                    f"{option} {path} is the store's file: writing there would destroy the"
-                    " saved state",
-                    EXIT_USAGE,
-                )
     rules = _rules(args.rules)
     with contextlib.ExitStack() as files:
         # the input first: an unreadable one fails before a sqlite file is made for it
@@ -140,6 +147,8 @@ async def _replay(args: argparse.Namespace) -> int:
         store = await open_ready_store(args.store)
         assert isinstance(store, Store)
         try:
+            # once the store is open: a sqlite file it has just made exists only now
+            _refuse_store_outputs(args)
             verdicts = files.enter_context(_open_binary(args.output, "wb"))
             # one file for both (it exists now if it is the output): written through one
             # handle, so that neither overwrites the other's lines

@@ -6,10 +6,12 @@ import base64
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -766,6 +768,27 @@ def test_an_output_that_is_the_store_file_is_refused(tmp_path: Path) -> None:
         assert result.returncode == 2
         assert "is the store's file" in one_line_reason(result)
     assert (tmp_path / "state.db").read_bytes() == before
+
+
+@pytest.mark.parametrize("option", ["--output", "--dead-letter"])
+def test_an_output_that_is_a_store_file_not_made_yet_is_refused(
+    tmp_path: Path, option: str
+) -> None:
+    # the check looked at the files on disk before the store was opened: a new store's
+    # file did not exist yet, the store made it, the output then truncated and shared
+    # it, and the replay exited 0 with its verdicts lost
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    other = "--dead-letter" if option == "--output" else "--output"
+    result = limitflow(
+        *("replay", "--rules", str(rules), "--input", str(source)),
+        *("--store", f"sqlite:///{tmp_path / 'new.db'}", option, "new.db", other, "x"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "is the store's file" in one_line_reason(result)
+    with closing(sqlite3.connect(tmp_path / "new.db")) as db:  # a store, still
+        assert db.execute("SELECT count(*) FROM events").fetchone() == (0,)
 
 
 def test_a_failed_write_names_the_output_not_the_input(tmp_path: Path) -> None:
