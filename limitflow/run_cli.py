@@ -297,7 +297,7 @@ async def _run(args: argparse.Namespace) -> int:
     from limitflow.errors import BrokerError, StoreError
     from stores.sqlite import CONSUMER_LOCK_WAIT
     from streams.engine import fewer_collections
-    from streams.ops import configure_logging
+    from streams.ops import OpsUnavailable, configure_logging
     from streams.topics import TopicError
 
     settings = _settings(lambda: load_run_settings(_values(args), os.environ))
@@ -317,6 +317,8 @@ async def _run(args: argparse.Namespace) -> int:
         raise CommandFailed(str(exc), EXIT_BROKER) from None
     except LookupError as exc:
         raise CommandFailed(str(exc.args[0]), EXIT_USAGE) from None
+    except OpsUnavailable as exc:
+        raise CommandFailed(str(exc), EXIT_USAGE) from None
     finally:
         await store.close()  # type: ignore[attr-defined]
     return EXIT_OK

@@ -18,6 +18,8 @@ import contextlib
 import enum
 import json
 import logging
+import os
+import socket
 import time
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -182,6 +184,10 @@ class Health:
         }
 
 
+class OpsUnavailable(Exception):
+    """The ops endpoint cannot listen where it was told to (port taken, no such address)."""
+
+
 class OpsServer:
     """``/healthz``, ``/readyz`` and ``/metrics`` over HTTP on ``host:port``."""
 
@@ -192,7 +198,16 @@ class OpsServer:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        try:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        except OSError as exc:  # also socket.gaierror: a host name that does not resolve
+            code = None if isinstance(exc, socket.gaierror) else exc.errno
+            reason = os.strerror(code) if code else (exc.strerror or str(exc))
+            raise OpsUnavailable(
+                f"ops endpoint {self.host}:{self.port}: {reason}"
+                " (set --http-port / LIMITFLOW_HTTP_PORT to a free port, or 0 for none;"
+                " --http-host to an address of this machine)"
+            ) from None
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("ops endpoint listening", extra={"url": f"http://{self.host}:{self.port}/"})
 

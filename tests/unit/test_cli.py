@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -944,3 +945,26 @@ def test_a_replay_waiting_on_its_input_stops_on_a_signal(tmp_path: Path, sig: in
         _, err = proc.communicate()
     assert code == 130, err.decode()
     assert b"Traceback" not in err
+
+
+@pytest.mark.parametrize("taken", [True, False], ids=["port-in-use", "no-such-address"])
+def test_an_ops_endpoint_that_cannot_listen_stops_run_in_one_line(
+    tmp_path: Path, rules: Path, taken: bool
+) -> None:
+    # a port another process holds (a second instance, a restart overlapping the old
+    # one) ended `run` with a 30-line traceback and exit 1
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        where = ("--http-port", str(port)) if taken else ("--http-host", "192.0.2.1")
+        result = limitflow(
+            *("run", "--bootstrap-servers", "127.0.0.1:1", "--group-id", "g"),
+            *("--input-topic", "in", "--output-topic", "out", "--dead-letter-topic", "dead"),
+            *("--rules", str(rules), "--store", "memory://", "--http-port", str(port), *where),
+            cwd=tmp_path,
+        )
+    assert result.returncode == 2
+    reason = one_line_reason(result)
+    assert "ops endpoint" in reason
+    assert ("in use" if taken else "assign requested address") in reason
