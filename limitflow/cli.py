@@ -117,8 +117,7 @@ def _refuse_store_outputs(args: argparse.Namespace) -> None:
             if found is not None
         ):
             raise CommandFailed(
-                f"{option} {path} is the store's file: writing there would destroy the"
-                " saved state",
+                f"{option} {path} is the store's file: writing there would destroy the saved state",
                 EXIT_USAGE,
             )
 
