@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # type: ignore[import-untyped]
     from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
 
+    from streams.ops import Health
+
 EXIT_BROKER = 4
 """Kafka refused a request for good (the store's failures exit with 3)."""
 
@@ -214,22 +216,33 @@ class StoppedBeforeStart(Exception):
 
 
 async def _started(
-    what: str, build: Callable[[], Any], stop: asyncio.Event, settings: RunSettings | None
+    what: str,
+    build: Callable[[], Any],
+    stop: asyncio.Event,
+    settings: RunSettings | None,
+    health: Health | None = None,
 ) -> Any:
     """Start a client built by ``build``, retrying (rebuilt each time) while brokers are down.
 
-    Raises ``StoppedBeforeStart`` once ``stop`` is set (it also ends the wait between
-    tries): nothing was consumed, so stopping then is no failure."""
+    Meanwhile ``health`` shows it (state ``waiting``, ``waiting_on`` ``kafka``, a retry
+    counted under the stage ``start``), as an outage is shown once running, and goes
+    back to ``starting`` when the client has started. Raises ``StoppedBeforeStart`` once
+    ``stop`` is set (it also ends the wait between tries): nothing was consumed, so
+    stopping then is no failure."""
+    from streams.ops import ConsumerState
     from streams.output import translate
 
     delay = (settings.retry_initial_ms if settings else 200) / 1000
     ceiling = (settings.retry_max_ms if settings else 30_000) / 1000
+    servers = settings.kafka.bootstrap_servers if settings else "the brokers"
     while True:
         if stop.is_set():
             raise StoppedBeforeStart(what)
         client = build()
         try:
             await client.start()
+            if health is not None and health.state is ConsumerState.WAITING:
+                health.set(ConsumerState.STARTING)
             return client
         except Exception as exc:
             error = translate(exc)
@@ -239,7 +252,17 @@ async def _started(
                 raise error from exc
             if stop.is_set():
                 raise StoppedBeforeStart(what) from None
-            log.warning("%s cannot reach Kafka, retrying in %.1fs: %s", what, delay, exc)
+            if health is not None:
+                health.set(ConsumerState.WAITING, waiting_on="kafka")
+                health.metrics.retries.labels("start").inc()
+            log.warning(
+                "%s cannot reach Kafka at %s, retrying in %.1fs: %s",
+                what,
+                servers,
+                delay,
+                exc,
+                extra={"stage": "start", "bootstrap_servers": servers},
+            )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
             delay = min(ceiling, delay * 2)
@@ -359,12 +382,12 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
     output: Output | None = None
     try:
         if settings.create_topics:
-            admin = await _started("admin", lambda: _admin(settings.kafka), stop, settings)
+            admin = await _started("admin", lambda: _admin(settings.kafka), stop, settings, health)
             try:
                 await create_topics(admin, settings.topics)
             finally:
                 await admin.close()
-        consumer = await _started("consumer", lambda: _consumer(settings), stop, settings)
+        consumer = await _started("consumer", lambda: _consumer(settings), stop, settings, health)
         existing = await consumer.topics()
         kafka = settings.kafka
         missing = [
@@ -385,7 +408,7 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
                 timeout=kafka.request_timeout_ms / 1000,
             )
         else:
-            producer = await _started("producer", lambda: _producer(kafka), stop, settings)
+            producer = await _started("producer", lambda: _producer(kafka), stop, settings, health)
             output = AtLeastOnceOutput(producer, consumer, timeout=kafka.request_timeout_ms / 1000)
         engine = Engine(Decider(rules), store)
         runner = VelocityConsumer(settings, engine, consumer, output, health, metrics)

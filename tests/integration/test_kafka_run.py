@@ -892,6 +892,41 @@ def test_a_stop_before_kafka_is_reachable_exits_0_at_once(tmp_path: Path) -> Non
     assert "failed for good" not in s.log(0)
 
 
+def test_kafka_unreachable_at_start_shows_on_readyz_and_in_the_metrics(tmp_path: Path) -> None:
+    # /readyz said "starting", waiting on nothing, and no retry was counted, for as long
+    # as a wrong --bootstrap-servers kept the consumer from ever reaching Kafka: an alert
+    # on the waiting state or on retries never fired
+    bootstrap = f"127.0.0.1:{_free_port()}"
+    s = Setup(bootstrap, tmp_path, "unreachable")
+    port = _free_port()
+    proc = s.run("--http-port", str(port), "--retry-initial-ms", "100", "--retry-max-ms", "200")
+    try:
+
+        def readyz() -> tuple[int, dict[str, Any]]:
+            try:
+                status, body = http_get(port, "/readyz")
+            except OSError:
+                return 0, {}
+            return status, json.loads(body)
+
+        wait_for(lambda: readyz()[1].get("state") == "waiting", 30, "/readyz to show it")
+        assert readyz() == (
+            503,
+            {
+                "state": "waiting",
+                "waiting_on": "kafka",
+                "assigned": [],
+                "seconds_since_last_batch": None,
+            },
+        )
+        _, metrics = http_get(port, "/metrics")
+        assert 'limitflow_retries_total{stage="start"}' in metrics
+        assert 'limitflow_consumer_state{state="waiting"} 1.0' in metrics
+        assert f"cannot reach Kafka at {bootstrap}" in s.log(0)
+    finally:
+        assert s.stop(proc, timeout=10) == 0
+
+
 async def test_a_second_signal_while_closing_does_not_cut_the_close_short(
     noida: Any, tmp_path: Path
 ) -> None:
