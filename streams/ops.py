@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -60,22 +61,75 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD_ATTRS and not key.startswith("_"):
-                doc[key] = value
+        doc.update(_extras(record))
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc, default=str)
 
 
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    """The ``extra`` fields of a record: what it says beyond its message."""
+    return {
+        key: value
+        for key, value in record.__dict__.items()
+        if key not in _STANDARD_ATTRS and not key.startswith("_")
+    }
+
+
+class TextFormatter(logging.Formatter):
+    """A line for people: time, level, logger, message, then the ``extra`` fields as
+    ``key=value`` (the topic, the partitions, the URL a line is about)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extras = _extras(record)
+        if not extras:
+            return line
+        fields = " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in extras.items())
+        head, sep, rest = line.partition("\n")  # a traceback stays below the line
+        return f"{head} [{fields}]{sep}{rest}"
+
+
+class KafkaClientThrottle(logging.Filter):
+    """Let each of aiokafka's messages through once per ``every`` seconds.
+
+    While the brokers are away aiokafka logs every failed reconnect and metadata update at
+    ERROR, ~100 lines a second; the consumer reports the outage itself (``waiting_on``,
+    its own warnings). The first of a kind goes through, the same kind again only after
+    ``every`` seconds, with ``suppressed`` saying how many were left out meanwhile."""
+
+    def __init__(self, every: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.every = every
+        self.clock = clock
+        self._kinds: dict[tuple[str, object], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("aiokafka"):
+            return True
+        kind = (record.name, record.msg)  # the message before its arguments
+        now = self.clock()
+        seen = self._kinds.get(kind)
+        if seen is not None and now - seen[0] < self.every:
+            self._kinds[kind] = (seen[0], seen[1] + 1)
+            return False
+        if seen is not None and seen[1]:
+            record.suppressed = seen[1]
+        if len(self._kinds) > 1_000:  # kinds keyed by message: bounded all the same
+            self._kinds.clear()
+        self._kinds[kind] = (now, 0)
+        return True
+
+
 def configure_logging(level: str, fmt: str) -> None:
-    """Send every log record to stderr as JSON (``fmt="json"``) or plain text."""
+    """Send every log record to stderr as JSON (``fmt="json"``) or plain text, aiokafka's
+    repeated ones throttled (``KafkaClientThrottle``)."""
     handler = logging.StreamHandler()
-    handler.setFormatter(
-        JsonFormatter()
-        if fmt == "json"
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(KafkaClientThrottle())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

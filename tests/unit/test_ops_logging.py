@@ -1,0 +1,43 @@
+"""How `run` logs: aiokafka's repeated errors throttled, text lines that keep the fields."""
+
+from __future__ import annotations
+
+import logging
+
+from streams.ops import KafkaClientThrottle, TextFormatter
+
+
+def _record(name: str, msg: str, *args: object, **extra: object) -> logging.LogRecord:
+    record = logging.LogRecord(name, logging.ERROR, __file__, 1, msg, args, None)
+    record.__dict__.update(extra)
+    return record
+
+
+def test_aiokafka_repeating_itself_during_an_outage_is_let_through_every_10_s() -> None:
+    # a broker outage made aiokafka log ~100 ERROR lines a second (992 in 10 s)
+    now = [0.0]
+    throttle = KafkaClientThrottle(every=10, clock=lambda: now[0])
+    reconnect = "Unable connect to node with id %s: %s"
+    passed = []
+    for tick in range(1_000):  # 100 a second for 10 s
+        now[0] = tick / 100
+        record = _record("aiokafka.conn", reconnect, 111, "refused")
+        if throttle.filter(record):
+            passed.append(record)
+    assert len(passed) == 1
+    now[0] = 10.5
+    later = _record("aiokafka.conn", reconnect, 111, "refused")
+    assert throttle.filter(later)
+    assert later.suppressed == 999  # type: ignore[attr-defined]
+    # another message of aiokafka's, and limitflow's own, are not held back by it
+    assert throttle.filter(_record("aiokafka.cluster", "Unable to update metadata from %s", 1))
+    assert all(throttle.filter(_record("limitflow.consumer", "retrying")) for _ in range(50))
+
+
+def test_text_lines_keep_the_fields_that_say_what_they_are_about() -> None:
+    # --log-format text dropped them: "consuming" said neither topic nor group
+    line = TextFormatter().format(
+        _record("limitflow.run", "consuming", input_topic="payments", group_id="g")
+    )
+    assert line.endswith('ERROR limitflow.run: consuming [input_topic="payments" group_id="g"]')
+    assert TextFormatter().format(_record("limitflow.run", "plain")).endswith("run: plain")
