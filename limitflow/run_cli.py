@@ -286,17 +286,28 @@ async def _close_consumer(consumer: AIOKafkaConsumer) -> None:
 
 
 async def _topics_create(args: argparse.Namespace) -> int:
+    from aiokafka.errors import KafkaConnectionError  # type: ignore[import-untyped]
+
     from limitflow.cli import EXIT_OK, CommandFailed
     from limitflow.errors import BrokerError
     from streams.topics import TopicError, create_topics
 
     settings: TopicSettings = _settings(lambda: load_topic_settings(_values(args), os.environ))
+    # a one-shot command says what went wrong in its one line: aiokafka's own log lines
+    # (each failed connection, at ERROR) would come before it, raw, on stderr
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     admin = _admin(settings.kafka)
     try:
         await admin.start()
         outcome = await create_topics(admin, settings)
     except (TopicError, BrokerError) as exc:
         raise CommandFailed(str(exc), EXIT_BROKER) from None
+    except KafkaConnectionError:
+        raise CommandFailed(
+            f"cannot reach Kafka at {settings.kafka.bootstrap_servers}:"
+            " check --bootstrap-servers (LIMITFLOW_BOOTSTRAP_SERVERS) and that the brokers run",
+            EXIT_BROKER,
+        ) from None
     except Exception as exc:
         from streams.output import translate
 

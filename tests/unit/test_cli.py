@@ -968,3 +968,20 @@ def test_an_ops_endpoint_that_cannot_listen_stops_run_in_one_line(
     reason = one_line_reason(result)
     assert "ops endpoint" in reason
     assert ("in use" if taken else "assign requested address") in reason
+
+
+def test_topics_create_with_no_broker_there_says_so_in_one_line(tmp_path: Path) -> None:
+    # aiokafka's raw log line came first, then an object dump with no next step
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens there
+    result = limitflow(
+        *("topics", "create", "--bootstrap-servers", f"127.0.0.1:{port}"),
+        *("--input-topic", "in", "--output-topic", "out", "--dead-letter-topic", "dead"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 4
+    assert one_line_reason(result) == (
+        f"limitflow: cannot reach Kafka at 127.0.0.1:{port}: check --bootstrap-servers"
+        " (LIMITFLOW_BOOTSTRAP_SERVERS) and that the brokers run"
+    )
