@@ -371,6 +371,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader of stdout left (`limitflow rules check … | head`): nothing more to
+        # say, and not again as Python flushes stdout on exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a process that SIGPIPE ended
     return code
 
 

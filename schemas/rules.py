@@ -354,6 +354,13 @@ def parse_rules(text: str | bytes) -> RuleSet:
         raise RulesError(f"rules file: {_yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
         raise RulesError(f"not valid YAML: {_yaml_problem(exc)}") from None
+    if data is None:
+        raise RulesError("rules file is empty: it needs a 'rules:' list (see examples/rules.yaml)")
+    if not isinstance(data, dict):
+        raise RulesError(
+            f"rules file holds a {_kind(data)}, not a mapping: it needs a 'rules:' list"
+            " (see examples/rules.yaml)"
+        )
     _refuse_unclear(data)
     data = _settle_floats(data)
     try:
@@ -372,6 +379,15 @@ def parse_rules(text: str | bytes) -> RuleSet:
         rules=tuple(_compile(rule) for rule in doc.rules),
         version=hashlib.sha256(raw).hexdigest()[:12],
     )
+
+
+def _kind(data: object) -> str:
+    """What a YAML document's top level is, in YAML's words."""
+    if isinstance(data, list):
+        return "list"
+    if isinstance(data, str):
+        return "string"
+    return "single value"
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -400,6 +416,10 @@ def load_rules(path: str) -> RuleSet:
     """Read and validate a rules file; unreadable files are a ``RulesError`` too."""
     try:
         with open(path, "rb") as handle:
-            return parse_rules(handle.read())
+            text = handle.read()
     except OSError as exc:
         raise RulesError(f"cannot read rules file {path}: {exc.strerror}") from None
+    try:
+        return parse_rules(text)
+    except RulesError as exc:
+        raise RulesError(f"{path}: {exc}") from None

@@ -496,7 +496,7 @@ def test_a_bad_rules_file_fails_before_anything_is_processed(
     result = limitflow(*_replay_args("bad.yaml", source), cwd=tmp_path)
     assert result.returncode == 2
     reason = one_line_reason(result)
-    assert reason.startswith("limitflow: rules: ")
+    assert reason.startswith("limitflow: rules: bad.yaml: ")  # which file, too
     for name in names:
         assert name in reason
     assert not (tmp_path / "out.jsonl").exists()
@@ -686,7 +686,9 @@ def test_rules_check_fails_on_a_bad_file(tmp_path: Path) -> None:
     result = limitflow("rules", "check", "bad.yaml", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stdout == b""
-    assert one_line_reason(result) == "limitflow: rules: rule 'ok': id: used by more than one rule"
+    assert one_line_reason(result) == (
+        "limitflow: rules: bad.yaml: rule 'ok': id: used by more than one rule"
+    )
 
 
 def test_rules_check_fails_on_a_missing_file(tmp_path: Path) -> None:
@@ -985,3 +987,24 @@ def test_topics_create_with_no_broker_there_says_so_in_one_line(tmp_path: Path) 
         f"limitflow: cannot reach Kafka at 127.0.0.1:{port}: check --bootstrap-servers"
         " (LIMITFLOW_BOOTSTRAP_SERVERS) and that the brokers run"
     )
+
+
+_EXAMPLE_RULES = Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"
+
+
+def test_rules_check_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    # `limitflow rules check … | head -1`: a BrokenPipeError traceback once head left
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "limitflow", "rules", "check", str(_EXAMPLE_RULES)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert result.returncode == 141
+    assert result.stderr == b""

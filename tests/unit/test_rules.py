@@ -336,8 +336,13 @@ def test_the_error_names_the_rule_that_is_wrong_not_the_first() -> None:
     [
         pytest.param("rules: []\n", "rules: the file defines no rules", id="empty-list"),
         pytest.param("rules:\n", "`$.rules`", id="null-rules"),
-        pytest.param("", "Expected `object`", id="empty-file"),
-        pytest.param("- id: r1\n  window: day\n", "Expected `object`", id="top-level-list"),
+        pytest.param("", "rules file is empty: it needs a 'rules:' list", id="empty-file"),
+        pytest.param(
+            "- id: r1\n  window: day\n",
+            "rules file holds a list, not a mapping: it needs a 'rules:' list",
+            id="top-level-list",
+        ),
+        pytest.param("just text\n", "rules file holds a string, not a mapping", id="string"),
         pytest.param(
             "rules: [{id: r1, window: day, max_count: 1}]\nversion: 2\n",
             "version",
