@@ -140,6 +140,8 @@ def _convert(name: str, raw: Any, kind: Any) -> Any:
     text = raw.strip()
     try:
         if kind in (int, "int"):
+            if not text.lstrip("-").isdigit() or not text.isascii():
+                raise ValueError(f"expected a whole number, got {raw!r}")
             return int(text)
         if kind in (bool, "bool"):
             lowered = text.lower()

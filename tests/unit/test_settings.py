@@ -100,6 +100,17 @@ def test_bad_values_are_config_errors(name: str, value: str) -> None:
         load_run_settings({}, env_of({**REQUIRED, name: value}))
 
 
+@pytest.mark.parametrize("value", ["abc", "1_000", "1e3", "\u0662"])
+def test_a_number_setting_that_is_not_one_says_so_plainly(value: str) -> None:
+    # was "invalid literal for int() with base 10: 'abc'"; "1_000" and Arabic-Indic
+    # digits were taken by int()
+    with pytest.raises(ConfigError) as caught:
+        load_run_settings({}, env_of({**REQUIRED, "batch_size": value}))
+    assert str(caught.value) == (
+        f"batch_size (LIMITFLOW_BATCH_SIZE): expected a whole number, got {value!r}"
+    )
+
+
 @pytest.mark.parametrize("level", ["warn", "WARNING", "fatal", "NOTSET", "debug"])
 def test_every_level_logging_knows_is_accepted(level: str) -> None:
     assert load_run_settings({}, env_of({**REQUIRED, "log_level": level})).log_level == level
