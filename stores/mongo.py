@@ -465,11 +465,20 @@ def _chunks(ids: Sequence[str]) -> Iterator[list[str]]:
 # -- errors ----------------------------------------------------------------------------
 
 
+def _first_reason(exc: PyMongoError) -> str:
+    """A driver error's own reason, without the topology description and timeouts that
+    server selection appends (~700 characters for one unreachable server)."""
+    text = str(exc)
+    for tail in (" (configured timeouts", ", Timeout: "):
+        text = text.split(tail, 1)[0]
+    return text
+
+
 def _translate(exc: PyMongoError) -> StoreError:
     """The limitflow error for a driver error; the caller raises it ``from exc``."""
     if isinstance(exc, ConnectionFailure | ExecutionTimeout | WTimeoutError):
         # ServerSelectionTimeoutError, AutoReconnect, NetworkTimeout, NotPrimaryError
-        return StoreUnavailable(f"MongoDB unavailable: {exc}")
+        return StoreUnavailable(f"MongoDB unavailable: {_first_reason(exc)}")
     if isinstance(exc, DuplicateKeyError):
         return ConflictError("a record was created since it was read")
     if isinstance(exc, BulkWriteError):
