@@ -38,6 +38,29 @@ cdef extern from *:
     }
 
     static int lf_digit(char c) { return c >= '0' && c <= '9'; }
+
+    /* The members of the object that JSON text ``s`` is (valid JSON, decoded already):
+       the colons outside strings at depth 1. Each member has one; an object with a name
+       twice has more of them than its decoded dict has keys. */
+    static Py_ssize_t lf_members(const char* s, Py_ssize_t n) {
+        Py_ssize_t i, members = 0;
+        int depth = 0;
+        for (i = 0; i < n; i++) {
+            char c = s[i];
+            if (c == '"') {
+                for (i++; i < n && s[i] != '"'; i++) {
+                    if (s[i] == 0x5C) i++;  /* a backslash: the next byte is escaped */
+                }
+            } else if (c == '{' || c == '[') {
+                depth++;
+            } else if (c == '}' || c == ']') {
+                depth--;
+            } else if (c == ':' && depth == 1) {
+                members++;
+            }
+        }
+        return members;
+    }
     static int lf_two(const char* p) { return (p[0] - '0') * 10 + (p[1] - '0'); }
 
     /* Days from 1970-01-01 to a date of the proleptic Gregorian calendar (year >= 1). */
@@ -150,6 +173,7 @@ cdef extern from *:
     }
     """
     const char* lf_ascii(object s, Py_ssize_t* n)
+    Py_ssize_t lf_members(const char* s, Py_ssize_t n)
     bint lf_common_time(const char* s, Py_ssize_t n, long long* micros)
     bint lf_minor(const char* s, Py_ssize_t n, int exponent, long long max_minor,
                   long long* minor)
@@ -212,8 +236,8 @@ cdef class CommonEvent:
         """The first steps of ``schemas.events.parse_event(raw)`` for bytes: the same
         Event for a usual event; the decoded object, when it is a JSON object but not
         one ``event`` takes (``_checked_event`` then checks it all); None for anything
-        else (not bytes, not valid JSON, not an object), which ``parse_event`` decodes
-        again to say why. (Its two Python frames were ~1% of a replay.)"""
+        else (not bytes, not valid JSON, not an object, a member name given twice), which
+        ``parse_event`` decodes again to say why. (Its two Python frames were ~1% of a replay.)"""
         if type(raw) is not bytes or self.decode is None:
             return None
         try:
@@ -222,6 +246,8 @@ cdef class CommonEvent:
             return None
         if type(doc) is not dict:
             return None
+        if lf_members(<const char*>raw, len(<bytes>raw)) != len(<dict>doc):
+            return None  # a name given twice: the general path says which
         event = self.event(doc)
         return doc if event is None else event
 

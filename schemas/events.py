@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import json
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -217,17 +218,68 @@ them is bad input, to dead-letter, not a blank one to skip."""
 
 
 def decode_json(raw: bytes | str) -> Any:
-    """Decode one JSON document, keeping number literals exact."""
+    """Decode one JSON document, keeping number literals exact. An object that names a
+    member twice is refused (``invalid_event``): readers disagree on which one counts
+    (msgspec and Python keep the last, others the first or refuse it), and a payment
+    whose amount depends on the reader must not be counted by one amount and booked by
+    another."""
     if not (raw.strip(" \t\r\n") if isinstance(raw, str) else raw.strip(JSON_BLANKS)):
         raise EventRejected(DeadLetterError.INVALID_JSON, "empty record: no JSON document")
     try:
-        return _decoder.decode(raw)
+        doc = _decoder.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise EventRejected(DeadLetterError.INVALID_JSON, f"not valid JSON: {exc}") from None
     except RecursionError:
         raise EventRejected(
             DeadLetterError.INVALID_JSON, "not valid JSON here: nested too deeply to decode"
         ) from None
+    if type(doc) is dict:
+        text = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+        if members(text) != len(doc):
+            raise EventRejected(
+                DeadLetterError.INVALID_EVENT,
+                f"{_twice(text)}: given more than once (which one counts would depend on"
+                " the reader)",
+            )
+    return doc
+
+
+_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_STRUCTURE: Final = re.compile(rb"[{}\[\]:]")
+
+
+def members(text: bytes) -> int:
+    """The members of the object that valid JSON ``text`` is: the colons outside strings
+    at its first level (each member has one). The reference of the compiled parser's
+    ``lf_members``, and what runs without a C compiler."""
+    depth = count = 0
+    for mark in _STRUCTURE.findall(_STRING.sub(b'""', text)):
+        if mark in b"{[":
+            depth += 1
+        elif mark in b"}]":
+            depth -= 1
+        elif depth == 1:
+            count += 1
+    return count
+
+
+def _twice(text: bytes) -> str:
+    """Which member name an object gives twice, for the dead letter's detail."""
+    seen: set[str] = set()
+    twice: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        return items
+
+    try:
+        top = json.loads(text, object_pairs_hook=pairs)
+    except ValueError:  # not what the json module takes: say it without the name
+        return "a member name"
+    for name, _ in top if isinstance(top, list) else []:
+        if name in seen and name not in twice:
+            twice.append(name)
+        seen.add(name)
+    return ", ".join(twice) if twice else "a member name"
 
 
 _CONTAINERS: Final = (dict, list)

@@ -7,8 +7,19 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from schemas.events import DeadLetterError, Event, EventRejected, EventType, parse_event
+from schemas import events as parsing
+from schemas.events import (
+    DeadLetterError,
+    Event,
+    EventRejected,
+    EventType,
+    decode_json,
+    members,
+    parse_event,
+)
 
 _DROP = object()
 """Marks a field to leave out of the event."""
@@ -729,3 +740,61 @@ def test_amounts_beyond_15_digits_in_minor_units_are_invalid(currency: str, amou
 def test_the_largest_amount_is_accepted() -> None:
     assert parse(payment(currency="CNY", amount="9999999999999.99")).amount == 10**15 - 1
     assert parse_event(with_amount_literal("999999999999999", "JPY")).amount == 10**15 - 1
+
+
+# --- a member name given twice ---------------------------------------------------------
+
+_BASE = (
+    '"event_id": "e1", "account_id": "a", "currency": "CNY", "occurred_at": "2026-01-31T23:59:00Z"'
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ('{"amount": "1.00", "amount": "9000.00", ' + _BASE + "}", "amount"),
+        ('{"amount": "1.00", ' + _BASE + ', "amount": "1.00"}', "amount"),  # same value too
+        ('{"amount": "1.00", ' + _BASE + ', "amo\\u0075nt": "2.00"}', "amount"),  # escaped
+        ('{"amount": "1.00", ' + _BASE + ', "mcc": "1", "mcc": "2", "channel": "a", '
+         '"channel": "b"}', "mcc, channel"),
+    ],
+)  # fmt: skip
+def test_an_event_that_names_a_member_twice_is_invalid(text: str, names: str) -> None:
+    # msgspec kept the last amount; a reader that keeps the first (or the ledger's) would
+    # book 1.00 of a payment counted as 9,000.00, or the other way round
+    for parse_it in (parse_event, decode_json):
+        with pytest.raises(EventRejected) as caught:
+            parse_it(text.encode())
+        assert caught.value.error is DeadLetterError.INVALID_EVENT
+        assert caught.value.detail == (
+            f"{names}: given more than once (which one counts would depend on the reader)"
+        )
+
+
+def test_names_given_twice_inside_an_extra_field_are_its_own_business() -> None:
+    # only the event's own members decide anything; a nested object is kept as decoded
+    text = '{"amount": "1.00", ' + _BASE + ', "meta": {"k": 1, "k": 2}, "s": "a:\\"}{:"}'
+    assert parse_event(text.encode()).amount == 100
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='ab:{}[]",\\\n\u00e9'),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@given(st.dictionaries(st.text(alphabet='ab:{}[]",\\', max_size=4), _JSON_VALUES, max_size=6))
+def test_members_counts_the_members_of_any_object(doc: dict[str, Any]) -> None:
+    text = json.dumps(doc, ensure_ascii=False).encode()
+    assert members(text) == len(doc)
+    assert decode_json(text) == json.loads(text, parse_float=Decimal)
+    if parsing._fast_parse is not None:  # the compiled count (lf_members) agrees
+        assert parsing._fast_parse(text) is not None
+        if doc:  # and with one name given twice, it leaves the object to decode_json
+            first = json.dumps(dict([next(iter(doc.items()))]), ensure_ascii=False).encode()
+            twice = text[:-1] + b", " + first[1:-1] + b"}"
+            assert members(twice) == len(doc) + 1
+            assert parsing._fast_parse(twice) is None
