@@ -95,6 +95,9 @@ class VelocityConsumer:
         self._batch_lock = asyncio.Lock()
         self._interrupt = asyncio.Event()
         """Set to wake a retry wait: a rebalance started or a stop was asked for."""
+        self._wake = asyncio.Event()
+        """Set, for good, to end the poll in hand: a stop was asked for or a rebalance
+        callback failed (``_poll``)."""
         self._revoking = False
         self._stop_requested_at: float | None = None
         self._positions: dict[TopicPartition, int] = {}
@@ -121,6 +124,7 @@ class VelocityConsumer:
         if now:
             self._stop_requested_at = -float("inf")
         self._interrupt.set()
+        self._wake.set()
 
     @property
     def stopping(self) -> bool:
@@ -135,9 +139,9 @@ class VelocityConsumer:
         try:
             while not self.stopping:
                 self._raise_failure()
-                batch = await self.consumer.getmany(
-                    timeout_ms=timeout, max_records=self.settings.batch_size
-                )
+                batch = await self._poll(timeout)
+                if batch is None:  # a stop, or a failure, came first
+                    continue
                 if batch:
                     self._brokers_answered()
                     async with self._batch_lock:
@@ -150,6 +154,28 @@ class VelocityConsumer:
             raise
         self.health.set(ConsumerState.STOPPED)
         log.info("stopped")
+
+    async def _poll(self, wait_ms: int) -> Batch | None:
+        """``getmany``, or None as soon as a stop is asked for or a rebalance callback
+        fails. While the group rebalances, aiokafka's ``getmany`` waits for the new
+        assignment whatever its timeout, for as long as the join takes (for ever, if
+        the brokers went away meanwhile): a SIGTERM then went unheeded. Nothing taken is
+        lost by giving up the wait: offsets are only committed after their batch."""
+        fetch = asyncio.ensure_future(
+            self.consumer.getmany(timeout_ms=wait_ms, max_records=self.settings.batch_size)
+        )
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait((fetch, woken), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+        if fetch.done():
+            batch: Batch = fetch.result()
+            return batch
+        fetch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await fetch
+        return None
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
@@ -198,6 +224,7 @@ class VelocityConsumer:
                 # ``run`` raises it
                 self._failure = exc
                 self._interrupt.set()
+                self._wake.set()
                 return
             self.consumer.resume(*(assigned & self.consumer.assignment()))
         log.info("partitions assigned", extra={"partitions": _names(assigned)})

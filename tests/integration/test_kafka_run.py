@@ -1033,6 +1033,27 @@ def test_an_idle_consumer_shows_a_broker_outage_and_still_stops_cleanly(tmp_path
             s.kill_all()
 
 
+def test_a_stop_while_joining_a_group_whose_brokers_went_away_is_heeded(tmp_path: Path) -> None:
+    # aiokafka's getmany waits for the assignment whatever its timeout, for as long as
+    # the join takes: B, joining when the broker died, ignored its SIGTERM (a reviewer
+    # killed it after 90 s)
+    with kafka_broker("tansu") as broker:
+        s = Setup(broker.bootstrap_servers, tmp_path, f"join-{random.randrange(10**6)}")
+        s.create_topics()
+        try:
+            a = s.run("--shutdown-grace-ms", "5000")
+            wait_for(lambda: '"partitions assigned"' in s.log(0), 60, "A to get partitions")
+            b = s.run("--shutdown-grace-ms", "5000")
+            wait_for(lambda: "partitions revoked" in s.log(1), 30, "B to join")
+            time.sleep(0.3)
+            broker.kill()
+            time.sleep(2)
+            assert s.stop(b, timeout=20) == 0, s.log(1)[-2000:]
+            assert s.stop(a, timeout=20) == 0
+        finally:
+            s.kill_all()
+
+
 @pytest.mark.parametrize("outage", ["stopped", "frozen"])
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 async def test_a_stop_during_a_broker_outage_ends_within_the_grace(

@@ -217,3 +217,23 @@ async def test_partitions_committed_before_another_is_lost_are_not_read_again() 
     await runner._handle(batch)  # type: ignore[arg-type]
     assert consumer.seeks == {lost: 100}
     assert runner._positions[kept] == 103
+
+
+class _Rebalancing(_Consumer):
+    """aiokafka's getmany while the group rebalances: it waits for the new assignment,
+    whatever its timeout (for ever, when the brokers went away during the join)."""
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+        await asyncio.Event().wait()
+        return {}
+
+
+async def test_a_stop_during_a_rebalance_that_never_ends_is_heeded() -> None:
+    # a SIGTERM that came while the member was joining went unheeded until the join
+    # ended: a reviewer's member was still running 90 s later, its brokers gone
+    runner = _runner(_Rebalancing(), Engine(Decider(load_rules(RULES)), MemoryStore()))
+    loop = asyncio.create_task(runner.run())
+    await asyncio.sleep(0.05)  # in the poll, waiting on the join
+    runner.request_stop()
+    await asyncio.wait_for(loop, 2)
+    assert runner.health.state is ConsumerState.STOPPED
