@@ -477,6 +477,15 @@ def http_get(port: int, path: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def readyz(port: int) -> tuple[int, dict[str, Any]]:
+    """/readyz's status and body; (0, {}) while nothing listens on ``port`` yet."""
+    try:
+        status, body = http_get(port, "/readyz")
+    except OSError:
+        return 0, {}
+    return status, json.loads(body)
+
+
 # -- tests ------------------------------------------------------------------------------
 
 
@@ -901,16 +910,8 @@ def test_kafka_unreachable_at_start_shows_on_readyz_and_in_the_metrics(tmp_path:
     port = _free_port()
     proc = s.run("--http-port", str(port), "--retry-initial-ms", "100", "--retry-max-ms", "200")
     try:
-
-        def readyz() -> tuple[int, dict[str, Any]]:
-            try:
-                status, body = http_get(port, "/readyz")
-            except OSError:
-                return 0, {}
-            return status, json.loads(body)
-
-        wait_for(lambda: readyz()[1].get("state") == "waiting", 30, "/readyz to show it")
-        assert readyz() == (
+        wait_for(lambda: readyz(port)[1].get("state") == "waiting", 30, "/readyz to show it")
+        assert readyz(port) == (
             503,
             {
                 "state": "waiting",
@@ -1010,18 +1011,10 @@ def test_an_idle_consumer_shows_a_broker_outage_and_still_stops_cleanly(tmp_path
         port = _free_port()
         proc = s.run("--http-port", str(port))
         try:
-
-            def readyz() -> tuple[int, dict[str, Any]]:
-                try:
-                    status, body = http_get(port, "/readyz")
-                except OSError:
-                    return 0, {}
-                return status, json.loads(body)
-
-            wait_for(lambda: readyz()[0] == 200, 60, "ready")
+            wait_for(lambda: readyz(port)[0] == 200, 60, "ready")
             broker.kill()
-            wait_for(lambda: readyz()[0] == 503, 20, "/readyz to show the outage")
-            assert readyz()[1]["waiting_on"] == "fetch"
+            wait_for(lambda: readyz(port)[0] == 503, 20, "/readyz to show the outage")
+            assert readyz(port)[1]["waiting_on"] == "fetch"
             _, metrics = http_get(port, "/metrics")
             assert 'limitflow_retries_total{stage="fetch"}' in metrics
             time.sleep(5)  # aiokafka logged ~100 ERROR lines a second of it
