@@ -91,9 +91,11 @@ _DATE_TIME: Final = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(
 """RFC 3339's date and time (a space for the T, as its section 5.6 allows); [0-9], not
 \\d, which a schema validator may take for other scripts' digits. With ``_OFFSET``, one
 pattern for the parser and the JSON Schema, so that the two cannot drift apart."""
-_OFFSET: Final = r"([Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
-"""RFC 3339's time-offset: hours 00-23, minutes 00-59. Python 3.11's fromisoformat reads
-``+08:60`` as +09:00 and ``+08:99`` as +09:39, so the pattern refuses them first."""
+_NUMERIC_OFFSET: Final = r"[+-](?:[01][0-9]|2[0-3]):[0-5][0-9]"
+"""RFC 3339's numeric time-offset: hours 00-23, minutes 00-59. Python 3.11's
+fromisoformat reads ``+08:60`` as +09:00 and ``+08:99`` as +09:39, so the pattern
+refuses them first."""
+_OFFSET: Final = f"([Zz]|{_NUMERIC_OFFSET})"
 
 
 class EventDoc(msgspec.Struct, forbid_unknown_fields=False):
@@ -434,7 +436,7 @@ _PAYMENT: Final = EventType.PAYMENT
 time (~0.1 us)."""
 _COMMON_TIME: Final = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-5][0-9](?:\.[0-9]+)?"
-    r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+    f"(?:Z|{_NUMERIC_OFFSET})"
 )
 """The part of ``_RFC3339`` that ``_timestamp`` hands to fromisoformat as it is: an offset
 present, no lower-case "z" to rewrite, no second 60 (a leap second)."""
