@@ -105,12 +105,13 @@ class KafkaClientThrottle(logging.Filter):
         super().__init__()
         self.every = every
         self.clock = clock
-        self._kinds: dict[tuple[str, object], tuple[float, int]] = {}
+        self._kinds: dict[tuple[str, str], tuple[float, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith("aiokafka"):
             return True
-        kind = (record.name, record.msg)  # the message before its arguments
+        # the message before its arguments (as text: a record's msg may be any object)
+        kind = (record.name, str(record.msg))
         now = self.clock()
         seen = self._kinds.get(kind)
         if seen is not None and now - seen[0] < self.every:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from streams.ops import KafkaClientThrottle, TextFormatter
 
@@ -41,3 +42,11 @@ def test_text_lines_keep_the_fields_that_say_what_they_are_about() -> None:
     )
     assert line.endswith('ERROR limitflow.run: consuming [input_topic="payments" group_id="g"]')
     assert TextFormatter().format(_record("limitflow.run", "plain")).endswith("run: plain")
+
+
+def test_a_message_that_is_not_a_string_is_throttled_too() -> None:
+    # a record's msg may be any object, an unhashable one too (logging.error({...}))
+    throttle = KafkaClientThrottle(every=10, clock=lambda: 0.0)
+    unhashable: Any = {"node": 111}
+    assert throttle.filter(_record("aiokafka", unhashable))
+    assert not throttle.filter(_record("aiokafka", unhashable))
