@@ -11,10 +11,10 @@ from decimal import Decimal
 from typing import Final
 
 _PLAIN = re.compile(r"(\d{1,30})(?:\.(\d{1,30}))?", re.ASCII)
-_BLANKS: Final = " \t\n\r"
-"""What may surround a decimal string: JSON's four blanks, which the parser and a JSON
-Schema validator agree on (``str.strip()`` also takes ``\\x1c`` and ``\\x85``, a
-validator's ``\\s`` also ``\\ufeff``)."""
+JSON_BLANKS: Final = " \t\n\r"
+"""JSON's four blanks (RFC 8259): what may surround a decimal string, which the parser
+and a JSON Schema validator agree on (``str.strip()`` also takes ``\\x1c`` and ``\\x85``,
+a validator's ``\\s`` also ``\\ufeff``), and all that a blank input line may hold."""
 _DECIMAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 
 MAX_DIGITS = 15
@@ -41,7 +41,7 @@ def to_decimal(value: object) -> Decimal:
     elif isinstance(value, Decimal):
         number = value
     elif isinstance(value, str):
-        text = value.strip(_BLANKS)
+        text = value.strip(JSON_BLANKS)
         if not _DECIMAL.fullmatch(text):
             raise AmountError(f"{value!r} is not a decimal number")
         number = Decimal(text)

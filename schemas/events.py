@@ -20,6 +20,7 @@ import msgspec
 
 from limitflow.errors import LimitflowError
 from schemas.amounts import (
+    JSON_BLANKS,
     MAX_MINOR,
     AmountError,
     exact_text,
@@ -213,8 +214,8 @@ fingerprint's encoder recurse, so a record nested thousands deep would raise
 RecursionError, which is no dead-letter code: it would stop the consumer on every retry."""
 
 
-JSON_BLANKS: Final = b" \t\r\n"
-"""JSON's whitespace (RFC 8259): all that a blank line or an empty record may hold.
+JSON_BLANK_BYTES: Final = JSON_BLANKS.encode()
+"""``JSON_BLANKS`` for bytes: all that a blank line or an empty record may hold.
 ``bytes.strip()`` also takes vertical tab and form feed, which are not JSON's: a line of
 them is bad input, to dead-letter, not a blank one to skip."""
 
@@ -225,7 +226,7 @@ def decode_json(raw: bytes | str) -> Any:
     (msgspec and Python keep the last, others the first or refuse it), and a payment
     whose amount depends on the reader must not be counted by one amount and booked by
     another."""
-    if not (raw.strip(" \t\r\n") if isinstance(raw, str) else raw.strip(JSON_BLANKS)):
+    if not (raw.strip(JSON_BLANKS) if isinstance(raw, str) else raw.strip(JSON_BLANK_BYTES)):
         raise EventRejected(DeadLetterError.INVALID_JSON, "empty record: no JSON document")
     try:
         doc = _decoder.decode(raw)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Final
 
 from handlers.decide import OutcomeKind
-from schemas.events import JSON_BLANKS
+from schemas.events import JSON_BLANK_BYTES
 from schemas.verdicts import dead_letter, verdict_encoder
 from streams.engine import Engine, Record, Result
 
@@ -42,7 +42,7 @@ def read_batches(source: BinaryIO, batch_size: int) -> Iterator[list[Record]]:
         raw = line.rstrip(b"\r\n")
         if number == 1 and raw.startswith(_BOM):
             raw = raw[len(_BOM) :]
-        if not raw.strip(JSON_BLANKS):
+        if not raw.strip(JSON_BLANK_BYTES):
             continue
         batch.append(Record(raw, {"line": number}))
         if len(batch) >= batch_size:
