@@ -14,7 +14,7 @@ do, without the attribute lookup each time.
 """
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.dict cimport PyDict_GetItem
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
@@ -624,7 +624,7 @@ cdef class FastCore:
             out.size = 0
             keys = []
             if accepted:
-                dirty = _W_DIRTY_BUCKETS.get(state)
+                dirty = <dict?>_W_DIRTY_BUCKETS.get(state)
                 for i in range(n):
                     a = <tuple>applied[i]
                     r = <_Rule>found[n + i]
@@ -638,13 +638,14 @@ cdef class FastCore:
                         bucket = None if found[i] == NULL else <object>found[i]
                         end = a[3]
                         if bucket is None:
-                            buckets[key] = Bucket(count, used, 0, end)
+                            bucket = Bucket(count, used, 0, end)
+                            buckets[key] = bucket
                         else:
                             _B_COUNT.set(bucket, count)
                             _B_AMOUNT.set(bucket, used)
                             if end is not None and (_B_PERIOD_END.get(bucket) or 0) < end:
                                 _B_PERIOD_END.set(bucket, end)
-                        PySet_Add(dirty, key)
+                        PyDict_SetItem(dirty, key, bucket)
                         keys.append(key)
                     self._limit(out, r, a[1], count, used, i)
                 decision, reason = _ACCEPT, None
@@ -667,7 +668,7 @@ cdef class FastCore:
         account = accounts.get(account_id)
         if account is None:
             account = accounts[account_id] = Account()
-        PySet_Add(_W_DIRTY_ACCOUNTS.get(state), account_id)
+        PyDict_SetItem(<dict?>_W_DIRTY_ACCOUNTS.get(state), account_id, account)
         seq = _A_SEQ.get(account) + 1
         _A_SEQ.set(account, seq)
 
@@ -705,7 +706,7 @@ cdef class FastCore:
         expired_events = _S_EXPIRED.get(snapshot)
         expired = expired_events.get(event_id)
         events = _S_EVENTS.get(snapshot)
-        events[event_id] = EventRecord(
+        record = EventRecord(
             _E_FINGERPRINT.get(event),
             account_id,
             _PAYMENT,
@@ -721,7 +722,8 @@ cdef class FastCore:
             None if expired is None else expired.expires_at,
             None if keys else (),
         )
-        PySet_Add(_W_DIRTY_EVENTS.get(state), event_id)
+        events[event_id] = record
+        PyDict_SetItem(<dict?>_W_DIRTY_EVENTS.get(state), event_id, record)
         outcome = lf_tuple_of(self.outcome_type, 6)
         for i, value in enumerate((self.verdict_kind, encoded, decision, reason, None, None)):
             Py_INCREF(value)
@@ -809,26 +811,27 @@ def keys(events, plans):
 
 
 def take_writes(state):
-    """``WorkingState.take_writes``: every changed record, its version advanced by one."""
-    writes = Writes()
-    snapshot = _W_SNAPSHOT.get(state)
-    _take(_S_BUCKETS.get(snapshot), _W_DIRTY_BUCKETS.get(state), _WR_BUCKETS.get(writes),
-          _B_VERSION)
-    _take(_S_ACCOUNTS.get(snapshot), _W_DIRTY_ACCOUNTS.get(state), _WR_ACCOUNTS.get(writes),
-          _A_VERSION)
-    _take(_S_EVENTS.get(snapshot), _W_DIRTY_EVENTS.get(state), _WR_EVENTS.get(writes),
-          _R_VERSION)
-    (<set?>_W_DIRTY_BUCKETS.get(state)).clear()
-    (<set?>_W_DIRTY_ACCOUNTS.get(state)).clear()
-    (<set?>_W_DIRTY_EVENTS.get(state)).clear()
+    """``WorkingState.take_writes``: every changed record, its version advanced by one,
+    handed over in the state's dicts, which start again empty."""
+    cdef dict buckets = _W_DIRTY_BUCKETS.get(state)
+    cdef dict accounts = _W_DIRTY_ACCOUNTS.get(state)
+    cdef dict events = _W_DIRTY_EVENTS.get(state)
+    _advance(buckets, _B_VERSION)
+    _advance(accounts, _A_VERSION)
+    _advance(events, _R_VERSION)
+    writes = Writes.__new__(Writes)
+    _WR_BUCKETS.set(writes, buckets)
+    _WR_ACCOUNTS.set(writes, accounts)
+    _WR_EVENTS.set(writes, events)
+    _W_DIRTY_BUCKETS.set(state, {})
+    _W_DIRTY_ACCOUNTS.set(state, {})
+    _W_DIRTY_EVENTS.set(state, {})
     return writes
 
 
-cdef int _take(dict records, set dirty, dict writes, Field version) except -1:
-    for key in dirty:
-        record = records[key]
+cdef int _advance(dict records, Field version) except -1:
+    for record in records.values():
         version.set(record, version.get(record) + 1)
-        writes[key] = record
     return 0
 
 

@@ -388,14 +388,14 @@ class Decider:
                     if used > AMOUNT_CEILING:
                         used = AMOUNT_CEILING
                     if bucket is None:
-                        buckets[key] = Bucket(count, used, 0, a.period_end)
+                        bucket = buckets[key] = Bucket(count, used, 0, a.period_end)
                     else:
                         bucket.count = count
                         bucket.amount = used
                         end = a.period_end
                         if end is not None and (bucket.period_end or 0) < end:
                             bucket.period_end = end
-                    dirty.add(key)
+                    dirty[key] = bucket
                 limits.append(_limit_state(a, count, used))
             keys = tuple(a.key for a in applied if a.key is not None)
             decision, reason = Decision.ACCEPT, None

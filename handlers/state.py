@@ -167,11 +167,13 @@ class WorkingState:
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-        self.dirty_buckets: set[str] = set()
-        """Keys of buckets changed since the last ``take_writes`` (the core adds to it)."""
-        self.dirty_accounts: set[str] = set()
+        self.dirty_buckets: dict[str, Bucket] = {}
+        """Buckets changed since the last ``take_writes``, by key: the snapshot's own
+        objects (the core adds to it). Kept with their keys, so that ``take_writes``
+        hands them over without looking each up again in the snapshot."""
+        self.dirty_accounts: dict[str, Account] = {}
         """Likewise for account sequences."""
-        self.dirty_events: set[str] = set()
+        self.dirty_events: dict[str, EventRecord] = {}
         """Likewise for idempotency records."""
 
     def bucket(self, key: str) -> Bucket | None:
@@ -186,7 +188,7 @@ class WorkingState:
             found = buckets[key] = Bucket(period_end=period_end)
         elif period_end is not None and (found.period_end or 0) < period_end:
             found.period_end = period_end
-        self.dirty_buckets.add(key)
+        self.dirty_buckets[key] = found
         return found
 
     def account_for_update(self, account_id: str) -> Account:
@@ -195,7 +197,7 @@ class WorkingState:
         found = accounts.get(account_id)
         if found is None:
             found = accounts[account_id] = Account()
-        self.dirty_accounts.add(account_id)
+        self.dirty_accounts[account_id] = found
         return found
 
     def event(self, event_id: str) -> EventRecord | None:
@@ -210,11 +212,11 @@ class WorkingState:
         else:
             record.version, record.expires_at = expired.version, expired.expires_at
         self.snapshot.events[event_id] = record
-        self.dirty_events.add(event_id)
+        self.dirty_events[event_id] = record
 
     def touch_event(self, event_id: str) -> None:
         """Mark an existing record (e.g. a reversed payment) to be written."""
-        self.dirty_events.add(event_id)
+        self.dirty_events[event_id] = self.snapshot.events[event_id]
 
     @property
     def pending(self) -> int:
@@ -233,24 +235,16 @@ class WorkingState:
 
     def _take_writes(self) -> Writes:
         """``take_writes`` in Python: the reference, and what runs without a C compiler
-        (``handlers._fastcore.take_writes`` is its compiled twin)."""
-        writes = Writes()
-        snapshot = self.snapshot
-        for key in self.dirty_buckets:
-            bucket = snapshot.buckets[key]
+        (``handlers._fastcore.take_writes`` is its compiled twin). The changed records
+        are handed over in their dicts, which start again empty."""
+        for bucket in self.dirty_buckets.values():
             bucket.version += 1
-            writes.buckets[key] = bucket
-        for key in self.dirty_accounts:
-            account = snapshot.accounts[key]
+        for account in self.dirty_accounts.values():
             account.version += 1
-            writes.accounts[key] = account
-        for key in self.dirty_events:
-            record = snapshot.events[key]
+        for record in self.dirty_events.values():
             record.version += 1
-            writes.events[key] = record
-        self.dirty_buckets.clear()
-        self.dirty_accounts.clear()
-        self.dirty_events.clear()
+        writes = Writes(self.dirty_buckets, self.dirty_accounts, self.dirty_events)
+        self.dirty_buckets, self.dirty_accounts, self.dirty_events = {}, {}, {}
         return writes
 
 
