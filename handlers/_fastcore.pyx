@@ -117,12 +117,30 @@ def slot_fields():
     }
 
 
+def json_number(long long value, int exponent, bint quoted):
+    """What the verdict writer writes for ``value`` (for a test: ``format_minor`` or
+    ``str`` of it, quoted or not)."""
+    cdef _Out out = _Out()
+    if quoted:
+        out.minor(value, exponent)
+    else:
+        out.integer(value)
+    return out.take()
+
+
 cdef object _PAYMENT = EventType.PAYMENT
 cdef object _TRANSACTION = Window.TRANSACTION
 cdef object _ACCEPT = Decision.ACCEPT
 cdef object _REJECT = Decision.REJECT
 cdef object _LIMIT_EXCEEDED = Reason.LIMIT_EXCEEDED
 cdef object _json_text = msgspec.json.encode
+
+cdef const char* _PAIRS = (
+    b"00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    b"40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    b"8081828384858687888990919293949596979899"
+)
+"""Every two-digit number, in order: the digits of ``n`` at ``2 * n``."""
 
 cdef long long _SMALL = 1LL << 62
 """Python ints the compiled path takes lie in [0, _SMALL); a larger one (possible only
@@ -161,16 +179,7 @@ cdef class _Out:
         free(self.buf)
 
     cdef inline int raw(self, const char* data, Py_ssize_t n) except -1:
-        cdef Py_ssize_t cap = self.cap
-        cdef char* grown
-        if self.size + n > cap:
-            while self.size + n > cap:
-                cap *= 2
-            grown = <char*>realloc(self.buf, cap)
-            if grown == NULL:
-                raise MemoryError()
-            self.buf, self.cap = grown, cap
-        memcpy(self.buf + self.size, data, n)
+        memcpy(self.reserve(n), data, n)
         self.size += n
         return 0
 
@@ -187,55 +196,80 @@ cdef class _Out:
         self.raw(p, n)
         return self.raw(b'"', 1)
 
+    cdef inline char* reserve(self, Py_ssize_t n) except NULL:
+        """Room for ``n`` more bytes at the end; the caller writes them and adds what it
+        wrote to ``size``."""
+        cdef Py_ssize_t cap = self.cap
+        cdef char* grown
+        if self.size + n > cap:
+            while self.size + n > cap:
+                cap *= 2
+            grown = <char*>realloc(self.buf, cap)
+            if grown == NULL:
+                raise MemoryError()
+            self.buf, self.cap = grown, cap
+        return self.buf + self.size
+
     cdef inline int integer(self, long long value) except -1:
         """A JSON integer; ``value`` > LLONG_MIN."""
-        cdef char digits[24]
-        cdef int n = 0
-        cdef bint negative = value < 0
-        cdef unsigned long long v = <unsigned long long>(-value if negative else value)
-        while True:
-            digits[23 - n] = <char>(48 + v % 10)
-            n += 1
-            v //= 10
-            if v == 0:
-                break
-        if negative:
-            digits[23 - n] = b'-'
-            n += 1
-        return self.raw(&digits[24 - n], n)
+        return self._number(value, 0, False)
 
     cdef inline int minor(self, long long value, int exponent) except -1:
         """``format_minor(value, exponent)`` as a JSON string; ``value`` > LLONG_MIN,
         0 <= ``exponent`` <= 18."""
-        cdef char digits[48]
-        cdef int n, width
+        return self._number(value, exponent, True)
+
+    cdef inline int _number(self, long long value, int exponent, bint quoted) except -1:
+        """``value`` in decimal, the point before its last ``exponent`` digits (at least
+        one digit before it), between quotes when ``quoted``; the digits two at a time."""
+        cdef char digits[24]
+        cdef int n = 0, i
         cdef bint negative = value < 0
         cdef unsigned long long u = <unsigned long long>(-value if negative else value)
-        if exponent == 0:
-            self.raw(b'"', 1)
-            self.integer(value)
-            return self.raw(b'"', 1)
-        # right to left: the digits, the point after ``exponent`` of them, and at least
-        # one digit before it
-        digits[47] = b'"'
-        n = 1
-        width = 0
-        while True:
-            digits[47 - n] = <char>(48 + u % 10)
+        cdef unsigned long long q
+        cdef unsigned int pair
+        cdef char* at
+        cdef Py_ssize_t w = 0
+        # right to left
+        while u >= 100:
+            q = u // 100
+            pair = <unsigned int>(u - q * 100) * 2
+            digits[22 - n] = _PAIRS[pair]
+            digits[23 - n] = _PAIRS[pair + 1]
+            n += 2
+            u = q
+        if u >= 10:
+            pair = <unsigned int>u * 2
+            digits[22 - n] = _PAIRS[pair]
+            digits[23 - n] = _PAIRS[pair + 1]
+            n += 2
+        else:
+            digits[23 - n] = <char>(48 + u)
             n += 1
-            width += 1
-            u //= 10
-            if width == exponent:
-                digits[47 - n] = b'.'
-                n += 1
-            if u == 0 and width > exponent:
-                break
+        while n <= exponent:
+            digits[23 - n] = b'0'
+            n += 1
+        at = self.reserve(n + 4)  # quotes, minus, point
+        if quoted:
+            at[w] = b'"'
+            w += 1
         if negative:
-            digits[47 - n] = b'-'
-            n += 1
-        digits[47 - n] = b'"'
-        n += 1
-        return self.raw(&digits[48 - n], n)
+            at[w] = b'-'
+            w += 1
+        for i in range(24 - n, 24 - exponent):
+            at[w] = digits[i]
+            w += 1
+        if exponent:
+            at[w] = b'.'
+            w += 1
+            for i in range(24 - exponent, 24):
+                at[w] = digits[i]
+                w += 1
+        if quoted:
+            at[w] = b'"'
+            w += 1
+        self.size += w
+        return 0
 
     cdef inline int extend(self, _Out other) except -1:
         return self.raw(other.buf, other.size)

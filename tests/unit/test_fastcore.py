@@ -16,6 +16,7 @@ from benchmarks.generate import events as generated
 from handlers import decide
 from handlers.decide import Decider
 from handlers.state import Account, Bucket, EventRecord, Snapshot, WorkingState, Writes
+from schemas.amounts import format_minor
 from schemas.events import EventRejected, EventType, parse_event
 from schemas.rules import RuleSet, parse_rules
 from stores.base import LATEST_EXPIRY, expire, stamp
@@ -225,6 +226,24 @@ def test_buckets_near_the_integer_limits_are_decided_alike(count: int, amount: i
         if applied.key is not None:
             snapshot.buckets[applied.key] = Bucket(count, amount, 3, None, None, 0)
     assert_same(rules, [line], snapshot)
+
+
+@settings(max_examples=2_000, deadline=None)
+@given(
+    value=st.one_of(
+        st.integers(min_value=-(2**63) + 1, max_value=2**63 - 1),
+        st.integers(min_value=-1_000, max_value=1_000),
+        st.sampled_from([10**k + d for k in range(19) for d in (-1, 0, 1)]),
+    ),
+    exponent=st.integers(min_value=0, max_value=18),
+)
+def test_the_verdict_writer_writes_numbers_as_the_python_path(value: int, exponent: int) -> None:
+    """Amounts as ``format_minor`` writes them, counts as ``str``: every digit count,
+    every exponent, leading zeros after the point, signs."""
+    assert decide._fastcore is not None, "handlers._fastcore is not built"
+    written = decide._fastcore.json_number(value, exponent, True)
+    assert written == json.dumps(format_minor(value, exponent)).encode()
+    assert decide._fastcore.json_number(value, exponent, False) == str(value).encode()
 
 
 @pytest.mark.parametrize("seq", [1.5e20, float("inf"), 2.5, 2**64, -(2**64)])  # NaN != NaN
