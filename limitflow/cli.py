@@ -165,7 +165,7 @@ async def _replay(args: argparse.Namespace) -> int:
                         source,
                         verdicts,
                         dead,
-                        batch_size=args.batch_size,
+                        batch_size=args.batch_size or store.replay_batch_size,
                         total_bytes=size or None,
                         stop=signals.stop,
                     )
@@ -332,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_STORE}; LIMITFLOW_STORE is run's and is not read here, so a "
         "trial replay never counts into a production store)",
     )
-    replay.add_argument("--batch-size", type=int, default=2_000, help=argparse.SUPPRESS)
+    replay.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)  # the store's
     replay.set_defaults(handler=_replay)
 
     rules = commands.add_parser("rules", help="work with rules files")

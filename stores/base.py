@@ -176,6 +176,9 @@ class Store(abc.ABC):
 
     max_records_per_commit: int | None = None
     """Largest ``Writes`` one atomic commit accepts; None for no limit."""
+    replay_batch_size: int = 2_000
+    """Records ``limitflow replay`` decides per batch unless told: a round trip to a
+    server or a commit to a file is worth sharing among many."""
 
     def __init__(self, retention: Retention | None = None, clock: Callable[[], float] = time.time):
         self.retention = retention or Retention()

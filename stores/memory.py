@@ -43,6 +43,11 @@ if sys.byteorder != "little":  # it packs integers in the host's order, these in
 class MemoryStore(Store):
     """Dicts of packed records. Lost when the process ends."""
 
+    replay_batch_size = 500
+    """No round trip to share: smaller batches keep a batch's working state in the
+    processor's caches (a 200,000-event replay took 4.0-4.4 s in batches of 2,000,
+    3.8-3.9 s in batches of 500)."""
+
     def __init__(
         self,
         retention: Retention | None = None,

@@ -625,6 +625,40 @@ def test_an_absurd_amount_is_a_dead_letter_not_a_store_crash(
     assert "too large" in letter["detail"]
 
 
+def test_each_store_batches_its_own_way_and_the_outputs_are_the_same(tmp_path: Path) -> None:
+    """memory:// decides in batches of 500 unless told (sqlite:// in 2,000): payments,
+    resends and reversals across batch boundaries come out the same either way."""
+    from benchmarks.generate import events
+    from stores.memory import MemoryStore
+    from stores.sqlite import SqliteStore
+
+    assert (MemoryStore.replay_batch_size, SqliteStore.replay_batch_size) == (500, 2_000)
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(b"\n".join(events(2_300, accounts=60, merchants=5)) + b"\n")
+    rules = Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"
+    outputs = []
+    for n, extra in enumerate(
+        (
+            ("--store", "memory://"),
+            ("--store", "memory://", "--batch-size", "5000"),
+            ("--store", f"sqlite:///{tmp_path / 'state.db'}"),
+        )
+    ):
+        out, dead = tmp_path / f"out{n}.jsonl", tmp_path / f"dead{n}.jsonl"
+        result = limitflow(
+            "replay",
+            *("--rules", str(rules), "--input", str(source)),
+            *("--output", str(out), "--dead-letter", str(dead), *extra),
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stderr.decode()
+        outputs.append((out.read_bytes(), dead.read_bytes()))
+    assert outputs[0] == outputs[1] == outputs[2]
+    verdicts = jsonl(outputs[0][0])
+    assert {v["type"] for v in verdicts} == {"payment", "reversal"}
+    assert len({v["event_id"] for v in verdicts}) < len(verdicts)  # resends among them
+
+
 def test_memory_state_is_gone_after_the_run(run_a: Run, replay: Replay) -> None:
     # run_a replayed FILE_A into memory:// already; a new run starts from nothing
     _, out, _ = replay([pay("p6"), pay("p1")], "memory://")
