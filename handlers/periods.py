@@ -13,15 +13,28 @@ from zoneinfo import ZoneInfo
 
 from schemas.rules import Window
 
-# Upper bounds of each period's length in seconds, for expiry; generous for DST and leap years.
+FOLD_BOUND: Final = 2 * 86_400
+"""More than a zone's clock can be set back across one period: Python holds every UTC
+offset strictly within ±24 h, so between any two instants a zone's offset falls by less
+than 48 h. A period is a span of local time [start, next start): from an instant of it
+to its last one, local time moves at most the period's nominal length, and UTC that
+plus the fall of the offset meanwhile. Clocks set back make a local period longer than
+its nominal length: New York's hour 01 on the first Sunday of November lasts two hours
+(its minutes happen twice), Antarctica/Troll's day of 25 Oct 2026 lasts 26 h,
+Kwajalein's minutes of Sept 1969 happened twice 23 h apart."""
+
+# For expiry: a bucket's period end is the instant of its latest event + its window's
+# span, which must not fall before the period's last instant (a bucket that expired
+# while its period still ran would forget what it counted). Its nominal length at most
+# (a day has 86,400 local seconds, a month 31 days, a year 366), plus FOLD_BOUND.
 PERIOD_SPAN: Final[dict[Window, int | None]] = {
     Window.TRANSACTION: 0,
-    Window.MINUTE: 60,
-    Window.HOUR: 3_600,
-    Window.DAY: 90_000,
-    Window.WEEK: 7 * 86_400 + 3_600,
-    Window.MONTH: 31 * 86_400 + 3_600,
-    Window.YEAR: 366 * 86_400 + 3_600,
+    Window.MINUTE: 60 + FOLD_BOUND,
+    Window.HOUR: 3_600 + FOLD_BOUND,
+    Window.DAY: 86_400 + FOLD_BOUND,
+    Window.WEEK: 7 * 86_400 + FOLD_BOUND,
+    Window.MONTH: 31 * 86_400 + FOLD_BOUND,
+    Window.YEAR: 366 * 86_400 + FOLD_BOUND,
     Window.LIFETIME: None,
 }
 

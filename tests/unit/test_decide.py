@@ -355,6 +355,33 @@ def test_reversal_after_its_buckets_expired_writes_no_bucket() -> None:
     assert expiries(store) == before
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_bucket_outlives_an_hour_that_clocks_set_back_made_two_hours_long(
+    compiled: bool,
+) -> None:
+    """New York's hour 01 of 1 Nov 2026 runs from 05:00 to 07:00 UTC. Its bucket's period
+    end was the first payment's instant + one hour: with a short retention (here 15
+    minutes) a live consumer let it expire at 06:15, and a second payment at 06:30 UTC
+    (01:30 EST), in the same hour, was counted in an empty bucket and accepted."""
+    from stores.base import Retention
+
+    rules = "rules:\n  - {id: ny-hour, window: hour, timezone: America/New_York, max_count: 1}\n"
+    now = [0.0]
+    store = MemoryStore(Retention(bucket_seconds=900), clock=lambda: now[0])
+    engine = Engine(Decider(parse_rules(rules), compiled=compiled), store)
+    decisions = []
+    for n, at in enumerate(("2026-11-01T01:00:00-04:00", "2026-11-01T01:30:00-05:00")):
+        doc = {"event_id": f"e{n}", "account_id": "a", "amount": "1.00", "currency": "USD"}
+        line = json.dumps({**doc, "occurred_at": at}).encode()
+        now[0] = datetime.fromisoformat(at).timestamp()  # decided as it happens
+        (result,) = asyncio.run(engine.process([Record(line, {"line": n + 1})]))
+        assert result.verdict is not None
+        verdict = json.loads(result.verdict)
+        assert verdict["limits"][0]["period"] == "2026-11-01T01"
+        decisions.append(verdict["decision"])
+    assert decisions == ["accept", "reject"]
+
+
 def test_an_unlimited_bucket_stops_at_the_64_bit_ceiling_instead_of_crashing_the_store() -> None:
     from handlers.decide import AMOUNT_CEILING
     from handlers.state import Bucket

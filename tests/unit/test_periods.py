@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from handlers.periods import PERIOD_SPAN, PeriodClock, clock_for, period_key
+from handlers.periods import FOLD_BOUND, PERIOD_SPAN, PeriodClock, clock_for, period_key
 from schemas.rules import Window
 
 
@@ -211,18 +211,66 @@ def test_the_ends_of_the_accepted_range_have_periods_in_every_zone(zone: str, te
     assert found["year"] in {"0001", "9999"}
 
 
-def test_spans_cover_the_longest_period_of_each_window() -> None:
+# Clocks set back within a period make it longer than its nominal length: (zone, an
+# instant, a window, how long its period runs on from that instant, in seconds at least).
+# New York's hour 01 of the first Sunday of November lasts two hours, and each of its
+# minutes happens twice; Lord Howe's minutes of 5 April 2026 repeat half an hour apart;
+# Troll's day, ISO week and month of 25 Oct 2026 are 2 h longer; Kwajalein set its clocks
+# back 23 h on 30 Sept 1969 (that day lasted 47 h), Sitka 24 h in 1867.
+_H = 3_600
+_LONG_PERIODS = [
+    ("America/New_York", "2026-11-01T01:00:00-04:00", Window.MINUTE, _H + 59),
+    ("America/New_York", "2026-11-01T01:00:00-04:00", Window.HOUR, 2 * _H - 1),
+    ("America/New_York", "2026-11-01T01:00:00-04:00", Window.DAY, 24 * _H - 1),
+    ("Australia/Lord_Howe", "2026-04-05T01:30:00+11:00", Window.MINUTE, 1_800 + 59),
+    ("Antarctica/Troll", "2026-10-25T00:00:00+02:00", Window.DAY, 26 * _H - 1),
+    ("Antarctica/Troll", "2026-10-19T00:00:00+02:00", Window.WEEK, (7 * 24 + 2) * _H - 1),
+    ("Antarctica/Troll", "2026-10-01T00:00:00+02:00", Window.MONTH, (31 * 24 + 2) * _H - 1),
+    ("Pacific/Kwajalein", "1969-09-30T23:30:00+11:00", Window.MINUTE, 23 * _H + 59),
+    ("Pacific/Kwajalein", "1969-09-30T00:00:00+11:00", Window.DAY, 47 * _H - 1),
+    ("America/Sitka", "1867-10-19T00:00:00+14:58:47", Window.DAY, 48 * _H - 1),
+]
+
+
+def _last_instant(zone: str, start: int, window: Window, step: int, reach: int) -> int:
+    """The last instant, to ``step`` seconds, within ``reach`` of ``start`` whose period
+    in ``window`` is ``start``'s: found by walking the zone's clock, not by reasoning."""
+    clock = PeriodClock(zone)
+    period = clock.keys(start)[window]
+    last = start
+    for at in range(start, start + reach, step):
+        if clock.keys(at)[window] == period:
+            last = at
+    return last + step - 1
+
+
+@pytest.mark.parametrize(("zone", "text", "window", "runs_on"), _LONG_PERIODS)
+def test_a_period_end_is_never_before_its_last_instant(
+    zone: str, text: str, window: Window, runs_on: int
+) -> None:
+    """A bucket's period end (its event's instant + the window's span) decides when it
+    may expire: one that fell before the period's last instant let a bucket expire
+    while its period still ran, and forget what it had counted."""
+    start = epoch(text)
+    span = PERIOD_SPAN[window]
+    assert span is not None
+    step = 60 if window is Window.MINUTE else 900
+    last = _last_instant(zone, start, window, step, span + 4 * 86_400)
+    assert last - start >= runs_on - step  # the walk finds the long period
+    assert start + span >= last
+
+
+def test_spans_cover_the_nominal_length_of_each_window() -> None:
     hour, day = 3_600, 86_400
     assert PERIOD_SPAN[Window.TRANSACTION] == 0
     assert PERIOD_SPAN[Window.LIFETIME] is None
-    longest = {
+    nominal = {
         Window.MINUTE: 60,
         Window.HOUR: hour,
-        Window.DAY: 25 * hour,
-        Window.WEEK: 7 * day + hour,
-        Window.MONTH: 31 * day + hour,
-        Window.YEAR: 366 * day + hour,
+        Window.DAY: day,
+        Window.WEEK: 7 * day,
+        Window.MONTH: 31 * day,
+        Window.YEAR: 366 * day,
     }
-    for window, seconds in longest.items():
-        span = PERIOD_SPAN[window]
-        assert span is not None and span >= seconds, window
+    for window, seconds in nominal.items():
+        assert PERIOD_SPAN[window] == seconds + FOLD_BOUND, window
