@@ -34,6 +34,17 @@ class CommandFailed(Exception):
         self.code = code
 
 
+def _positive(text: str) -> int:
+    """A whole number above 0, for argparse."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not above 0")
+    return value
+
+
 def _rules(path: str) -> RuleSet:
     try:
         return load_rules(path)
@@ -332,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_STORE}; LIMITFLOW_STORE is run's and is not read here, so a "
         "trial replay never counts into a production store)",
     )
-    replay.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)  # the store's
+    # records per batch; by default the store's (Store.replay_batch_size)
+    replay.add_argument("--batch-size", type=_positive, help=argparse.SUPPRESS)
     replay.set_defaults(handler=_replay)
 
     rules = commands.add_parser("rules", help="work with rules files")

@@ -659,6 +659,21 @@ def test_each_store_batches_its_own_way_and_the_outputs_are_the_same(tmp_path: P
     assert len({v["event_id"] for v in verdicts}) < len(verdicts)  # resends among them
 
 
+@pytest.mark.parametrize("size", ["0", "-3", "ten"])
+def test_a_batch_size_not_above_0_is_a_usage_error(tmp_path: Path, rules: Path, size: str) -> None:
+    source = write(tmp_path / "in.jsonl", [pay("p1")])
+    result = limitflow(
+        "replay",
+        *("--rules", str(rules), "--input", str(source), "--store", "memory://"),
+        *("--output", str(tmp_path / "out"), "--dead-letter", str(tmp_path / "dead")),
+        *("--batch-size", size),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "--batch-size" in result.stderr.decode()
+    assert not (tmp_path / "out").exists()
+
+
 def test_memory_state_is_gone_after_the_run(run_a: Run, replay: Replay) -> None:
     # run_a replayed FILE_A into memory:// already; a new run starts from nothing
     _, out, _ = replay([pay("p6"), pay("p1")], "memory://")
