@@ -532,7 +532,10 @@ async def test_a_reversal_releases_nothing_from_a_bucket_that_expired_and_began_
     try:
         (p1,) = await decide(_event("p1", "80.00"))
         assert p1["decision"] == "accept"
-        clock[0] = LATER  # the day's bucket has expired; event records live on
+        # the day's bucket has expired (a day past its period's end, which is taken as
+        # up to 48 h after the day's last hour: see handlers.periods.FOLD_BOUND); event
+        # records live on
+        clock[0] = NOW + 5 * 86_400
         p2, r1, p3 = await decide(
             _event("p2", "60.00"),
             _event("r1", "80.00", "reversal", original="p1"),
