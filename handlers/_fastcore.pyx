@@ -295,16 +295,15 @@ cdef class _Rule:
     cdef bint transaction
     cdef object fixed_period
     cdef str prefix
-    cdef bint has_span
-    cdef long long span
-    """``_CompiledRule.span`` (when ``has_span``; None for lifetime)."""
     cdef int clock
     """Index of the rule's zone in ``FastCore.clocks``."""
     cdef long long minute
     cdef object minute_period
-    """The epoch minute whose period of the rule's window is ``minute_period``, or
-    _NO_MINUTE: kept while events stay in one minute (as ``FastCore._periods`` keeps the
-    zone's keys), which saves looking the window up in them for every event."""
+    cdef object minute_end
+    """The epoch minute whose period of the rule's window is ``minute_period``, ending
+    at ``minute_end``, or _NO_MINUTE: kept while events stay in one minute (as
+    ``FastCore._periods`` keeps the zone's periods), which saves looking the window up
+    in them for every event."""
     cdef object last_period
     cdef str last_head
     """``prefix + last_period + "|"``: the start of its bucket keys in that period."""
@@ -347,11 +346,10 @@ cdef class _Rule:
         self.transaction = compiled.window is _TRANSACTION
         self.fixed_period = compiled.fixed_period
         self.prefix = compiled.prefix
-        self.has_span = compiled.span is not None
-        self.span = compiled.span if self.has_span else 0
         self.clock = clock
         self.minute = _NO_MINUTE
         self.minute_period = None
+        self.minute_end = None
         self.last_period = None
         self.last_head = None
         self.has_count = compiled.max_count is not None
@@ -470,17 +468,17 @@ cdef class FastCore:
         self.by_currency[key] = chosen
         return chosen
 
-    cdef object _periods(self, int clock, long long epoch):
-        """The period keys of ``epoch`` in a clock's zone (``PeriodClock.keys``), kept
-        while events stay in one minute."""
+    cdef tuple _periods(self, int clock, long long epoch):
+        """The period keys of ``epoch`` in a clock's zone and their ends
+        (``PeriodClock.periods``), kept while events stay in one minute."""
         cdef long long minute = epoch // 60
         if self.minutes[clock] == minute:
             return self.keys[clock]
         zone = self.clocks[clock]
-        found = zone.minute_keys(minute)
+        found = zone.minute_periods(minute)
         if found is None:  # its instants differ: not kept
             self.minutes[clock] = _NO_MINUTE
-            return zone.keys(epoch)
+            return zone.periods(epoch)
         self.minutes[clock] = minute
         self.keys[clock] = found
         return found
@@ -543,17 +541,20 @@ cdef class FastCore:
                 if skip:
                     continue
             period = r.fixed_period
+            end = None  # lifetime: never ends; transaction: no bucket
             if period is None:
                 if r.minute == minute:
                     period = r.minute_period
+                    end = r.minute_end
                 else:
-                    period = self._periods(r.clock, epoch)[r.window]
-                    if self.minutes[r.clock] == minute:  # the minute's keys: kept
-                        r.minute, r.minute_period = minute, period
+                    found = self._periods(r.clock, epoch)
+                    period = (<dict>found[0])[r.window]
+                    end = (<dict>found[1])[r.window]
+                    if self.minutes[r.clock] == minute:  # the minute's periods: kept
+                        r.minute, r.minute_period, r.minute_end = minute, period, end
             if r.transaction:
                 applied.append(_tuple4(self.applied_type, r.compiled, period, None, None))
             else:
-                end = epoch + r.span if r.has_span else None
                 if period is not r.last_period:
                     r.last_head = r.prefix + period + "|"
                     r.last_period = period
@@ -677,8 +678,10 @@ cdef class FastCore:
                         else:
                             _B_COUNT.set(bucket, count)
                             _B_AMOUNT.set(bucket, used)
-                            if end is not None and (_B_PERIOD_END.get(bucket) or 0) < end:
-                                _B_PERIOD_END.set(bucket, end)
+                            if end is not None:  # (an expired bucket reads with none)
+                                held = _B_PERIOD_END.get(bucket)
+                                if held is None or held < end:
+                                    _B_PERIOD_END.set(bucket, end)
                         PyDict_SetItem(dirty, key, bucket)
                         keys.append(key)
                     self._limit(out, r, a[1], count, used, i)

@@ -13,7 +13,7 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from handlers.periods import PERIOD_SPAN, PeriodClock, clock_for
+from handlers.periods import PeriodClock, Periods, clock_for
 from handlers.state import Bucket, EventRecord, Keys, WorkingState
 from schemas.amounts import AmountError, format_minor, to_minor
 from schemas.currencies import MINOR_UNITS
@@ -79,7 +79,6 @@ class _CompiledRule:
         "scope",
         "scope_fields",
         "simple_scope",
-        "span",
         "window",
     )
 
@@ -96,7 +95,6 @@ class _CompiledRule:
         self.max_amount = rule.max_amount
         self.amount_exp = MINOR_UNITS[rule.currency] if rule.currency else None
         self.clock = clock_for(rule.timezone)
-        self.span = PERIOD_SPAN[rule.window]
         self.fixed_period = (
             rule.window.value if rule.window in (Window.TRANSACTION, Window.LIFETIME) else None
         )
@@ -164,7 +162,7 @@ bucket key (up to ``MAX_KEY_BYTES``): 200 keep the verdict far inside one Kafka 
 and the record inside a DynamoDB item (400 KB). A store may allow fewer
 (``Decider.records_needed`` against ``Store.max_records_per_commit``)."""
 _new_tuple: Final = tuple.__new__
-_NO_PERIODS: Final[dict[Window, str]] = {}
+_NO_PERIODS: Final[Periods] = ({}, {})
 
 
 class Decider:
@@ -226,7 +224,7 @@ class Decider:
             )
         epoch = event.epoch
         last_clock: PeriodClock | None = None
-        periods = _NO_PERIODS
+        periods, ends = _NO_PERIODS
         for c in candidates:
             name = c.simple_scope
             if name is not None:
@@ -245,16 +243,17 @@ class Decider:
             if c.match and not _matches(c.match, fields):
                 continue
             period = c.fixed_period
+            end = None  # lifetime: never ends; transaction: no bucket
             if period is None:
                 clock = c.clock
                 if clock is not last_clock:  # rules of one zone share the event's keys
-                    periods, last_clock = clock.keys(epoch), clock
+                    (periods, ends), last_clock = clock.periods(epoch), clock
                 period = periods[c.window]
+                end = ends[c.window]
             # tuple.__new__ skips NamedTuple's Python-level constructor: 5x cheaper per rule
             if c.window is Window.TRANSACTION:
                 applied.append(_new_tuple(Applied, (c, period, None, None)))
             else:
-                end = None if c.span is None else epoch + c.span
                 key = c.prefix + period + "|" + tail
                 if len(key) > _SHORT_KEY and len(key.encode()) > MAX_KEY_BYTES:
                     raise EventRejected(
@@ -393,8 +392,10 @@ class Decider:
                         bucket.count = count
                         bucket.amount = used
                         end = a.period_end
-                        if end is not None and (bucket.period_end or 0) < end:
-                            bucket.period_end = end
+                        if end is not None:  # (an expired bucket reads with none)
+                            held = bucket.period_end
+                            if held is None or held < end:
+                                bucket.period_end = end
                     dirty[key] = bucket
                 limits.append(_limit_state(a, count, used))
             keys = tuple(a.key for a in applied if a.key is not None)

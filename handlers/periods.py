@@ -6,37 +6,24 @@ different buckets. Only the event's own time is used, never the wall clock.
 
 from __future__ import annotations
 
-from datetime import datetime
+import calendar
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Final
 from zoneinfo import ZoneInfo
 
 from schemas.rules import Window
 
-FOLD_BOUND: Final = 2 * 86_400
-"""More than a zone's clock can be set back across one period: Python holds every UTC
-offset strictly within ±24 h, so between any two instants a zone's offset falls by less
-than 48 h. A period is a span of local time [start, next start): from an instant of it
-to its last one, local time moves at most the period's nominal length, and UTC that
-plus the fall of the offset meanwhile. Clocks set back make a local period longer than
-its nominal length: New York's hour 01 on the first Sunday of November lasts two hours
-(its minutes happen twice), Antarctica/Troll's day of 25 Oct 2026 lasts 26 h,
-Kwajalein's minutes of Sept 1969 happened twice 23 h apart."""
+END_SLACK: Final = 86_400
+"""Added to a period's local end read as UTC: Python holds every UTC offset strictly
+within ±24 h, so no zone reaches the local end of a period (or passes it, clocks set
+forward) later than 24 h after that local time read as UTC. Clocks set back make a
+local period last longer than its nominal length (New York's hour 01 on the first
+Sunday of November lasts two hours, and each of its minutes happens twice;
+Kwajalein's 30 Sept 1969 lasted 47 h): the end is that of its last instant."""
 
-# For expiry: a bucket's period end is the instant of its latest event + its window's
-# span, which must not fall before the period's last instant (a bucket that expired
-# while its period still ran would forget what it counted). Its nominal length at most
-# (a day has 86,400 local seconds, a month 31 days, a year 366), plus FOLD_BOUND.
-PERIOD_SPAN: Final[dict[Window, int | None]] = {
-    Window.TRANSACTION: 0,
-    Window.MINUTE: 60 + FOLD_BOUND,
-    Window.HOUR: 3_600 + FOLD_BOUND,
-    Window.DAY: 86_400 + FOLD_BOUND,
-    Window.WEEK: 7 * 86_400 + FOLD_BOUND,
-    Window.MONTH: 31 * 86_400 + FOLD_BOUND,
-    Window.YEAR: 366 * 86_400 + FOLD_BOUND,
-    Window.LIFETIME: None,
-}
+Periods = tuple[dict[Window, str], dict[Window, int | None]]
+"""An instant's period keys, and each period's end (``period_end``), by window."""
 
 _CACHE_LIMIT: Final = 200_000
 
@@ -62,6 +49,37 @@ def period_key(window: Window, local: datetime) -> str:
     return window.value  # "lifetime" and "transaction" have a single period
 
 
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def period_end(window: Window, local: datetime) -> int | None:
+    """A bound on the end of the period of a zone-aware local time, in epoch seconds:
+    its local end (the next period's start) read as UTC, + ``END_SLACK``. The same for
+    every instant of the period, so a bucket's expiry does not move with each event in
+    it (a record that counted in the bucket then expires no earlier than the bucket, as
+    ``stores.base.stamp`` left them). None for a window whose bucket never expires
+    (lifetime) or that has none (transaction)."""
+    if window is Window.MINUTE:
+        start, length = local.replace(tzinfo=UTC, second=0, microsecond=0), 60
+    elif window is Window.HOUR:
+        start, length = local.replace(tzinfo=UTC, minute=0, second=0, microsecond=0), 3_600
+    elif window in (Window.LIFETIME, Window.TRANSACTION):
+        return None
+    else:
+        day = datetime(local.year, local.month, local.day, tzinfo=UTC)  # its wall time
+        if window is Window.DAY:
+            start, length = day, 86_400
+        elif window is Window.WEEK:  # ISO weeks start on Monday
+            start, length = day - timedelta(days=day.weekday()), 7 * 86_400
+        elif window is Window.MONTH:
+            days = calendar.monthrange(local.year, local.month)[1]
+            start, length = day.replace(day=1), days * 86_400
+        else:
+            days = 366 if calendar.isleap(local.year) else 365
+            start, length = datetime(local.year, 1, 1, tzinfo=UTC), days * 86_400
+    return (start - _EPOCH) // timedelta(seconds=1) + length + END_SLACK
+
+
 class PeriodClock:
     """Period keys for one zone, cached per minute of epoch time.
 
@@ -76,19 +94,29 @@ class PeriodClock:
 
     def __init__(self, zone: str) -> None:
         self._zone = ZoneInfo(zone)
-        self._cache: dict[int, dict[Window, str] | None] = {}
-        """Keys of an epoch minute; None for a minute that is not one local minute."""
+        self._cache: dict[int, Periods | None] = {}
+        """Periods of an epoch minute; None for a minute that is not one local minute."""
 
     def keys(self, epoch: int) -> dict[Window, str]:
         """All period keys of the instant ``epoch`` (seconds)."""
-        found = self.minute_keys(epoch // 60)
+        return self.periods(epoch)[0]
+
+    def periods(self, epoch: int) -> Periods:
+        """All period keys of the instant ``epoch`` (seconds), and their ends."""
+        found = self.minute_periods(epoch // 60)
         if found is None:
-            return _keys_of(datetime.fromtimestamp(epoch, self._zone))
+            return _periods_of(datetime.fromtimestamp(epoch, self._zone))
         return found
 
     def minute_keys(self, minute: int) -> dict[Window, str] | None:
         """The period keys that every instant of an epoch minute shares; None when its
         instants differ (an offset with seconds), whose keys ``keys`` works out each."""
+        found = self.minute_periods(minute)
+        return None if found is None else found[0]
+
+    def minute_periods(self, minute: int) -> Periods | None:
+        """The periods (keys and ends) that every instant of an epoch minute shares;
+        None when its instants differ, as ``minute_keys``."""
         found = self._cache.get(minute, _UNKNOWN)
         if found is _UNKNOWN:
             if len(self._cache) >= _CACHE_LIMIT:
@@ -97,17 +125,20 @@ class PeriodClock:
             last = datetime.fromtimestamp(minute * 60 + 59, self._zone)
             offset = local.utcoffset()
             if offset is not None and offset == last.utcoffset() and not offset.seconds % 60:
-                found = self._cache[minute] = _keys_of(local)
+                found = self._cache[minute] = _periods_of(local)
             else:
                 found = self._cache[minute] = None
         return found
 
 
-_UNKNOWN: Final[dict[Window, str]] = {}
+_UNKNOWN: Final[Periods] = ({}, {})
 
 
-def _keys_of(local: datetime) -> dict[Window, str]:
-    return {window: period_key(window, local) for window in Window}
+def _periods_of(local: datetime) -> Periods:
+    return (
+        {window: period_key(window, local) for window in Window},
+        {window: period_end(window, local) for window in Window},
+    )
 
 
 @lru_cache(maxsize=64)

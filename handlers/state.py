@@ -186,8 +186,10 @@ class WorkingState:
         found = buckets.get(key)
         if found is None:
             found = buckets[key] = Bucket(period_end=period_end)
-        elif period_end is not None and (found.period_end or 0) < period_end:
-            found.period_end = period_end
+        elif period_end is not None:
+            held = found.period_end  # (an expired bucket reads with none)
+            if held is None or held < period_end:
+                found.period_end = period_end
         self.dirty_buckets[key] = found
         return found
 

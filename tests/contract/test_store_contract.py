@@ -533,8 +533,8 @@ async def test_a_reversal_releases_nothing_from_a_bucket_that_expired_and_began_
         (p1,) = await decide(_event("p1", "80.00"))
         assert p1["decision"] == "accept"
         # the day's bucket has expired (a day past its period's end, which is taken as
-        # up to 48 h after the day's last hour: see handlers.periods.FOLD_BOUND); event
-        # records live on
+        # 24 h after the day's local end: see handlers.periods.END_SLACK); event records
+        # live on
         clock[0] = NOW + 5 * 86_400
         p2, r1, p3 = await decide(
             _event("p2", "60.00"),

@@ -382,6 +382,75 @@ def test_a_bucket_outlives_an_hour_that_clocks_set_back_made_two_hours_long(
     assert decisions == ["accept", "reject"]
 
 
+def _decide_at(engine: Engine, now: list[float], at: str, *docs: dict[str, Any]) -> list[Any]:
+    """Decide ``docs`` as one batch with the store's clock at ``at``."""
+    now[0] = datetime.fromisoformat(at).timestamp()
+    records = [Record(json.dumps(doc).encode(), {"line": 1}) for doc in docs]
+    return [json.loads(r.verdict or b"null") for r in asyncio.run(engine.process(records))]
+
+
+def _payment(event_id: str, at: str, amount: str = "1.00") -> dict[str, Any]:
+    return {
+        "event_id": event_id,
+        "account_id": "a",
+        "amount": amount,
+        "currency": "USD",
+        "occurred_at": at,
+    }
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_later_payment_of_the_period_does_not_outlive_an_earlier_ones_record(
+    compiled: bool,
+) -> None:
+    """Defaults (buckets 35 days past their period, records 400 days past the event).
+    A bucket's period end was its latest event's instant + a year: p2 of 20 December
+    carried the 2026 bucket to December 2027, past p1's record (January 2027 + 35 days),
+    and a resend of p1 in March 2027 was counted in the bucket a second time. The end is
+    the year's now, the same for both."""
+    from handlers.state import Keys
+
+    rules = "rules:\n  - {id: year, window: year, max_count: 10}\n"
+    now = [0.0]
+    store = MemoryStore(clock=lambda: now[0])
+    engine = Engine(Decider(parse_rules(rules), compiled=compiled), store)
+    p1, p2 = _payment("p1", "2026-01-10T00:00:00Z"), _payment("p2", "2026-12-20T00:00:00Z")
+    _decide_at(engine, now, "2026-01-10T00:00:00Z", p1)
+    _decide_at(engine, now, "2026-12-20T00:00:00Z", p2)
+    bucket = store.bucket("year|2026|a")
+    assert bucket is not None and bucket.expires_at is not None
+    record = asyncio.run(store.load(Keys(set(), set(), {"p1"}))).events["p1"]
+    assert record.expires_at is not None and record.expires_at >= bucket.expires_at
+    (again,) = _decide_at(engine, now, "2027-03-20T00:00:00Z", p1)  # both gone by now
+    assert again["limits"][0]["count_used"] == 1  # a new life of the bucket, not 3
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_bucket_of_a_period_before_1970_expires_again_after_it_began_again(
+    compiled: bool,
+) -> None:
+    """A bucket that expired reads with no period end, which the next payment of its
+    period sets again. Its end was compared as ``(period_end or 0) < end``: a period
+    before 1970 ends at a negative instant, the end stayed none, and the bucket (and
+    the records counted in it) never expired."""
+    from stores.base import Retention
+
+    rules = "rules:\n  - {id: day, window: day, max_amount: '100.00', currency: USD}\n"
+    now = [0.0]
+    store = MemoryStore(Retention(bucket_seconds=86_400, event_seconds=86_400), lambda: now[0])
+    engine = Engine(Decider(parse_rules(rules), compiled=compiled), store)
+    _decide_at(engine, now, "2030-01-01T00:00:00Z", _payment("p1", "1969-12-20T10:00:00Z"))
+    _decide_at(engine, now, "2030-01-05T00:00:00Z", _payment("p2", "1969-12-20T11:00:00Z"))
+    bucket = store.bucket("day|1969-12-20|a")
+    assert bucket is not None and bucket.period_end is not None
+    assert bucket.expires_at == datetime.fromisoformat("2030-01-06T00:00:00Z").timestamp()
+    (p3,) = _decide_at(
+        engine, now, "2040-01-05T00:00:00Z", _payment("p3", "1969-12-20T12:00:00Z", "90.00")
+    )
+    assert p3["decision"] == "accept"
+    assert p3["limits"][0]["amount_used"] == "90.00"
+
+
 def test_an_unlimited_bucket_stops_at_the_64_bit_ceiling_instead_of_crashing_the_store() -> None:
     from handlers.decide import AMOUNT_CEILING
     from handlers.state import Bucket

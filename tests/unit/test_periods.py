@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from handlers.periods import FOLD_BOUND, PERIOD_SPAN, PeriodClock, clock_for, period_key
+from handlers.periods import END_SLACK, PeriodClock, clock_for, period_key
 from schemas.rules import Window
 
 
@@ -244,33 +244,62 @@ def _last_instant(zone: str, start: int, window: Window, step: int, reach: int) 
     return last + step - 1
 
 
+def ends(text: str, zone: str) -> dict[Window, int | None]:
+    """Every window's period end of an instant."""
+    return PeriodClock(zone).periods(epoch(text))[1]
+
+
 @pytest.mark.parametrize(("zone", "text", "window", "runs_on"), _LONG_PERIODS)
 def test_a_period_end_is_never_before_its_last_instant(
     zone: str, text: str, window: Window, runs_on: int
 ) -> None:
-    """A bucket's period end (its event's instant + the window's span) decides when it
-    may expire: one that fell before the period's last instant let a bucket expire
-    while its period still ran, and forget what it had counted."""
+    """A bucket's period end decides when it may expire: one that fell before the
+    period's last instant let a bucket expire while its period still ran, and forget
+    what it had counted."""
     start = epoch(text)
-    span = PERIOD_SPAN[window]
-    assert span is not None
+    end = ends(text, zone)[window]
+    assert end is not None
     step = 60 if window is Window.MINUTE else 900
-    last = _last_instant(zone, start, window, step, span + 4 * 86_400)
+    last = _last_instant(zone, start, window, step, 40 * 86_400)
     assert last - start >= runs_on - step  # the walk finds the long period
-    assert start + span >= last
+    assert end >= last
 
 
-def test_spans_cover_the_nominal_length_of_each_window() -> None:
-    hour, day = 3_600, 86_400
-    assert PERIOD_SPAN[Window.TRANSACTION] == 0
-    assert PERIOD_SPAN[Window.LIFETIME] is None
-    nominal = {
-        Window.MINUTE: 60,
-        Window.HOUR: hour,
-        Window.DAY: day,
-        Window.WEEK: 7 * day,
-        Window.MONTH: 31 * day,
-        Window.YEAR: 366 * day,
-    }
-    for window, seconds in nominal.items():
-        assert PERIOD_SPAN[window] == seconds + FOLD_BOUND, window
+@pytest.mark.parametrize(
+    ("zone", "first", "last"),
+    [
+        ("UTC", "2026-01-01T00:00:00Z", "2026-12-31T23:59:59Z"),
+        ("America/New_York", "2026-01-01T00:00:00-05:00", "2026-12-31T23:59:59-05:00"),
+        ("Antarctica/Troll", "2026-01-01T00:00:00Z", "2026-12-31T23:59:59Z"),
+    ],
+)
+def test_every_instant_of_a_period_has_the_same_end(zone: str, first: str, last: str) -> None:
+    """The end is the period's, not the event's: so a later payment of the period does
+    not carry its bucket's expiry past that of an earlier payment's idempotency record
+    (which a resend of it would then miss, and be counted again)."""
+    clock = PeriodClock(zone)
+    seen: dict[tuple[Window, str], set[int | None]] = {}
+    for at in range(epoch(first), epoch(last) + 1, 3_541):  # every hour of the year, or so
+        keys, found = clock.periods(at)
+        for window in Window:
+            seen.setdefault((window, keys[window]), set()).add(found[window])
+    assert all(len(found) == 1 for found in seen.values())
+    assert len({period for window, period in seen if window is Window.YEAR}) == 1
+
+
+def test_a_period_ends_a_day_after_its_local_end_read_as_utc() -> None:
+    day = 86_400
+    assert day == END_SLACK
+    found = ends("2026-02-14T10:30:15+08:00", "Asia/Shanghai")
+    assert found[Window.TRANSACTION] is None and found[Window.LIFETIME] is None
+    assert found[Window.MINUTE] == epoch("2026-02-14T10:31:00Z") + day
+    assert found[Window.HOUR] == epoch("2026-02-14T11:00:00Z") + day
+    assert found[Window.DAY] == epoch("2026-02-15T00:00:00Z") + day
+    assert found[Window.WEEK] == epoch("2026-02-16T00:00:00Z") + day  # Monday
+    assert found[Window.MONTH] == epoch("2026-03-01T00:00:00Z") + day
+    assert found[Window.YEAR] == epoch("2027-01-01T00:00:00Z") + day
+    leap = ends("2028-02-29T23:59:59-12:00", "Etc/GMT+12")
+    assert leap[Window.MONTH] == epoch("2028-03-01T00:00:00Z") + day
+    assert leap[Window.YEAR] == epoch("2029-01-01T00:00:00Z") + day
+    far = ends("9999-12-30T23:59:59Z", "Pacific/Kiritimati")  # 9999-12-31 there
+    assert far[Window.YEAR] == epoch("9999-12-31T00:00:00Z") + 2 * day
