@@ -25,7 +25,9 @@ Kwajalein's 30 Sept 1969 lasted 47 h): the end is that of its last instant."""
 Periods = tuple[dict[Window, str], dict[Window, int | None]]
 """An instant's period keys, and each period's end (``period_end``), by window."""
 
-_CACHE_LIMIT: Final = 200_000
+_CACHE_LIMIT: Final = 20_000
+"""Epoch minutes a clock keeps the periods of (~1.4 KB each: keys and ends): two weeks
+of minutes, 28 MB at most, whatever the spread of a replay's events."""
 
 
 def period_key(window: Window, local: datetime) -> str:

@@ -303,3 +303,15 @@ def test_a_period_ends_a_day_after_its_local_end_read_as_utc() -> None:
     assert leap[Window.YEAR] == epoch("2029-01-01T00:00:00Z") + day
     far = ends("9999-12-30T23:59:59Z", "Pacific/Kiritimati")  # 9999-12-31 there
     assert far[Window.YEAR] == epoch("9999-12-31T00:00:00Z") + 2 * day
+
+
+def test_a_clock_keeps_a_bounded_number_of_minutes() -> None:
+    """A replay of events spread over years (each in a minute of its own) keeps at most
+    two weeks of minutes (~28 MB), not a cache that grows with the input."""
+    from handlers import periods
+
+    clock = PeriodClock("Asia/Shanghai")
+    first = epoch("2026-01-01T00:00:00Z") // 60
+    for minute in range(first, first + periods._CACHE_LIMIT + 10):
+        clock.minute_periods(minute)
+    assert 0 < len(clock._cache) <= periods._CACHE_LIMIT <= 20_000
