@@ -384,7 +384,10 @@ class TransactionalOutput(Output):
                 await asyncio.wait_for(self._transact_once(tp, batch, offset), 2 * self.timeout)
         except BaseException:
             # A fresh producer (same transactional_id) aborts whatever this one left open,
-            # or completes its commit if that had reached the coordinator.
+            # or completes its commit if that had reached the coordinator; and whoever
+            # fenced this one may have committed since: the next transaction reads the
+            # committed offset first, however this one failed.
+            self._unsure.add(tp)
             await self._discard(tp)
             raise
 
@@ -396,6 +399,12 @@ class TransactionalOutput(Output):
             committed = await self.consumer.committed(tp)
             self._unsure.discard(tp)
             if committed is not None and committed >= offset:
+                if committed > offset:
+                    # another member (one that fenced this producer while both took the
+                    # partition for theirs) published and committed further: read on
+                    # from there, not from this member's own position, else its next
+                    # transaction publishes those records' verdicts a second time
+                    self.consumer.seek(tp, committed)
                 return  # published and committed already: not again
             if committed is not None:
                 # after a rewind the batch may start before what that transaction
