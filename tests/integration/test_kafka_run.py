@@ -808,6 +808,34 @@ async def test_exactly_once_a_partition_fenced_mid_stream_publishes_no_verdict_t
         s.kill_all()
 
 
+async def test_exactly_once_a_member_dropped_from_its_group_while_running_publishes_once(
+    noida: Any, tmp_path: Path
+) -> None:
+    # A member whose session ended while it ran (noida never ends one: removed here as
+    # Kafka's session timeout does) still takes its partitions for its own until its next
+    # heartbeat; the new owner and it fence each other's producer in turn. The one that
+    # found the other had committed past its batch went on from its own position and
+    # published those verdicts again (a chaos test read 84-658 of 20,000 twice, 3 of 3).
+    s = Setup(noida.bootstrap_servers, tmp_path, f"zombie-{random.randrange(10**6)}")
+    s.create_topics()
+    try:
+        lines = make_events(6000, accounts=40, seed=8)
+        sources = await produce(s.bootstrap, s.topics[0], lines)
+        first = s.run("--guarantee", "exactly-once", "--batch-size", "7")
+        wait_for(lambda: _rows(s.store) > 600, 120, "progress")
+        await evict_members(s.bootstrap, f"{s.name}-group")  # it runs on, not knowing
+        second = s.run("--guarantee", "exactly-once", "--batch-size", "7")
+        wait_for(lambda: '"partitions assigned", "partitions": ["' in s.log(1), 60, "takeover")
+        await check_against_replay(
+            s, lines, sources, isolation="read_committed", exactly_once=True, timeout=40
+        )
+        assert "batch abandoned" in s.log(0), "the first member was never fenced"
+        for proc in (first, second):
+            assert s.stop(proc) == 0
+    finally:
+        s.kill_all()
+
+
 async def test_exactly_once_survives_kill_9_mid_transaction(noida: Any, tmp_path: Path) -> None:
     s = Setup(noida.bootstrap_servers, tmp_path, f"eos-{random.randrange(10**6)}")
     s.create_topics()
