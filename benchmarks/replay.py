@@ -33,7 +33,7 @@ from pathlib import Path
 from benchmarks.generate import events
 from handlers.decide import Decider
 from handlers.state import Snapshot, WorkingState
-from schemas.events import EventRejected, parse_event
+from schemas.events import Event, EventRejected, parse_event
 from schemas.rules import load_rules
 from stores.memory import MemoryStore
 from streams.engine import fewer_collections
@@ -42,15 +42,21 @@ ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "examples" / "rules.yaml"
 
 
+def parsed_events(lines: list[bytes]) -> list[Event]:
+    """The events of ``lines`` (the generator makes valid ones; any other is left out)."""
+    parsed = []
+    for line in lines:
+        with contextlib.suppress(EventRejected):
+            parsed.append(parse_event(line))
+    return parsed
+
+
 def core(lines: list[bytes], *, compiled: bool = True) -> tuple[float, float]:
     """(decisions/s of plan+decide, events/s of parse alone) on one core; ``compiled``:
     on the compiled payment path, else on the Python path alone. Deciding runs with the
     cyclic garbage collector set as every runtime of limitflow sets it."""
     started = time.perf_counter()
-    parsed = []
-    for line in lines:
-        with contextlib.suppress(EventRejected):  # the generator makes valid events
-            parsed.append(parse_event(line))
+    parsed = parsed_events(lines)
     parse_rate = len(lines) / (time.perf_counter() - started)
     decider = Decider(load_rules(str(RULES)), compiled=compiled)
     state = WorkingState(Snapshot())
@@ -67,10 +73,7 @@ def core_batched(lines: list[bytes], batch: int = 2_000) -> tuple[float, float]:
     ``reversal_keys``, decide and ``take_writes``), deciding batch by batch as the
     runtimes do: each batch on a new working state read from a memory store, its writes
     committed back; only the store's reads and commits are left out of the time."""
-    parsed = []
-    for line in lines:
-        with contextlib.suppress(EventRejected):
-            parsed.append(parse_event(line))
+    parsed = parsed_events(lines)
     decider = Decider(load_rules(str(RULES)))
     store = MemoryStore()
     clock = time.perf_counter

@@ -401,8 +401,8 @@ cdef class FastCore:
     cdef dict by_currency
     cdef list clocks
     cdef long long* minutes
-    """Per clock: the epoch minute whose keys ``keys`` holds, or _NO_MINUTE."""
-    cdef list keys
+    """Per clock: the epoch minute whose periods ``periods`` holds, or _NO_MINUTE."""
+    cdef list periods
     cdef bytes version
     cdef object applied_type
     cdef object outcome_type
@@ -445,7 +445,7 @@ cdef class FastCore:
             raise MemoryError()
         for i in range(len(self.clocks)):
             self.minutes[i] = _NO_MINUTE
-        self.keys = [None] * len(self.clocks)
+        self.periods = [None] * len(self.clocks)
         self.by_currency = {}
         self.version = _json_text(version)
         self.applied_type = applied_type
@@ -473,14 +473,14 @@ cdef class FastCore:
         (``PeriodClock.periods``), kept while events stay in one minute."""
         cdef long long minute = epoch // 60
         if self.minutes[clock] == minute:
-            return self.keys[clock]
+            return self.periods[clock]
         zone = self.clocks[clock]
         found = zone.minute_periods(minute)
         if found is None:  # its instants differ: not kept
             self.minutes[clock] = _NO_MINUTE
             return zone.periods(epoch)
         self.minutes[clock] = minute
-        self.keys[clock] = found
+        self.periods[clock] = found
         return found
 
     def plan(self, event):

@@ -83,7 +83,8 @@ def period_end(window: Window, local: datetime) -> int | None:
 
 
 class PeriodClock:
-    """Period keys for one zone, cached per minute of epoch time.
+    """Period keys (and their periods' ends) for one zone, cached per minute of epoch
+    time.
 
     All instants of an epoch minute share every period key when the zone's offset is a
     whole number of minutes throughout that minute, as every offset since 1972 is;
@@ -110,15 +111,10 @@ class PeriodClock:
             return _periods_of(datetime.fromtimestamp(epoch, self._zone))
         return found
 
-    def minute_keys(self, minute: int) -> dict[Window, str] | None:
-        """The period keys that every instant of an epoch minute shares; None when its
-        instants differ (an offset with seconds), whose keys ``keys`` works out each."""
-        found = self.minute_periods(minute)
-        return None if found is None else found[0]
-
     def minute_periods(self, minute: int) -> Periods | None:
         """The periods (keys and ends) that every instant of an epoch minute shares;
-        None when its instants differ, as ``minute_keys``."""
+        None when its instants differ (an offset with seconds), whose periods
+        ``periods`` works out each."""
         found = self._cache.get(minute, _UNKNOWN)
         if found is _UNKNOWN:
             if len(self._cache) >= _CACHE_LIMIT:
