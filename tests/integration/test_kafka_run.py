@@ -821,7 +821,12 @@ async def test_exactly_once_a_member_dropped_from_its_group_while_running_publis
     try:
         lines = make_events(6000, accounts=40, seed=8)
         sources = await produce(s.bootstrap, s.topics[0], lines)
-        first = s.run("--guarantee", "exactly-once", "--batch-size", "7")
+        # a heartbeat every 20 s (a third of the session timeout): the first member stays
+        # unaware of its removal while the second starts and takes its partitions over,
+        # however slowly the machine runs (with 2 s, it could rejoin before any fence)
+        first = s.run(
+            "--guarantee", "exactly-once", "--batch-size", "7", "--session-timeout-ms", "60000"
+        )
         wait_for(lambda: _rows(s.store) > 600, 120, "progress")
         await evict_members(s.bootstrap, f"{s.name}-group")  # it runs on, not knowing
         second = s.run("--guarantee", "exactly-once", "--batch-size", "7")
