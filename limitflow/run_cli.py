@@ -215,14 +215,17 @@ class StoppedBeforeStart(Exception):
     """A stop was asked for while the brokers could not be reached yet: nothing to finish."""
 
 
-async def _started(
+async def start_retrying(
     what: str,
     build: Callable[[], Any],
     stop: asyncio.Event,
-    settings: RunSettings | None,
+    servers: str,
+    retry_ms: tuple[int, int],
     health: Health | None = None,
 ) -> Any:
-    """Start a client built by ``build``, retrying (rebuilt each time) while brokers are down.
+    """Start a client built by ``build``, retrying (rebuilt each time) while the brokers
+    at ``servers`` cannot be reached, waiting ``retry_ms`` (first, longest) between tries,
+    doubled each time; ``limitflow run``'s clients, and the faust app's probe.
 
     Meanwhile ``health`` shows it (state ``waiting``, ``waiting_on`` ``kafka``, a retry
     counted under the stage ``start``), as an outage is shown once running, and goes
@@ -232,9 +235,7 @@ async def _started(
     from streams.ops import ConsumerState
     from streams.output import translate
 
-    delay = (settings.retry_initial_ms if settings else 200) / 1000
-    ceiling = (settings.retry_max_ms if settings else 30_000) / 1000
-    servers = settings.kafka.bootstrap_servers if settings else "the brokers"
+    delay, ceiling = retry_ms[0] / 1000, retry_ms[1] / 1000
     while True:
         if stop.is_set():
             raise StoppedBeforeStart(what)
@@ -256,7 +257,7 @@ async def _started(
                 health.set(ConsumerState.WAITING, waiting_on="kafka")
                 health.metrics.retries.labels("start").inc()
             log.warning(
-                "%s cannot reach Kafka at %s, retrying in %.1fs: %s",
+                "%s cannot reach Kafka at %s; waiting for it, next try in %.1fs: %s",
                 what,
                 servers,
                 delay,
@@ -391,16 +392,21 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
         loop.add_signal_handler(sig, on_signal, sig)
     consumer = producer = None
     output: Output | None = None
+    kafka = settings.kafka
+    retry_ms = (settings.retry_initial_ms, settings.retry_max_ms)
+
+    async def start(what: str, build: Callable[[], Any]) -> Any:
+        return await start_retrying(what, build, stop, kafka.bootstrap_servers, retry_ms, health)
+
     try:
         if settings.create_topics:
-            admin = await _started("admin", lambda: _admin(settings.kafka), stop, settings, health)
+            admin = await start("admin", lambda: _admin(kafka))
             try:
                 await create_topics(admin, settings.topics)
             finally:
                 await admin.close()
-        consumer = await _started("consumer", lambda: _consumer(settings), stop, settings, health)
+        consumer = await start("consumer", lambda: _consumer(settings))
         existing = await consumer.topics()
-        kafka = settings.kafka
         missing = [
             t
             for t in (kafka.input_topic, kafka.output_topic, kafka.dead_letter_topic)
@@ -419,7 +425,7 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
                 timeout=kafka.request_timeout_ms / 1000,
             )
         else:
-            producer = await _started("producer", lambda: _producer(kafka), stop, settings, health)
+            producer = await start("producer", lambda: _producer(kafka))
             output = AtLeastOnceOutput(producer, consumer, timeout=kafka.request_timeout_ms / 1000)
         engine = Engine(Decider(rules), store)
         runner = VelocityConsumer(settings, engine, consumer, output, health, metrics)

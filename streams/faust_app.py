@@ -254,7 +254,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         # faust passes fetch_max_wait_ms=1500 with no setting to change it; aiokafka reads
         # this attribute when the consumer starts and builds its fetcher from it
-        consumer._fetch_max_wait_ms = cast(LimitflowApp, self.app).fetch_max_wait_ms
+        consumer._fetch_max_wait_ms = cast(LimitflowApp, self.app).limitflow.fetch_max_wait_ms
         return consumer
 
     async def _commit(self, offsets: Any) -> bool:
@@ -262,7 +262,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         coordinator is unreachable, and faust's shutdown commits before it ends, so a
         stop during a broker outage waited for the brokers. A commit that times out
         failed: the offsets stay where they were, and those events come again."""
-        timeout = cast(LimitflowApp, self.app).request_timeout_ms / 1000
+        timeout = cast(LimitflowApp, self.app).limitflow.request_timeout_ms / 1000
         try:
             return bool(await asyncio.wait_for(super()._commit(offsets), timeout))
         except TimeoutError:
@@ -292,17 +292,60 @@ class _Transport(faust_aiokafka.Transport):
 
 
 class LimitflowApp(faust.App):
-    """A faust app whose Kafka consumers wait at most ``fetch_max_wait_ms`` for a fetch."""
+    """A faust app whose Kafka consumers wait at most ``fetch_max_wait_ms`` for a fetch,
+    and which waits for its brokers before it starts."""
 
-    def __init__(
-        self, *args: Any, fetch_max_wait_ms: int, request_timeout_ms: int, **kwargs: Any
-    ) -> None:
-        self.fetch_max_wait_ms = fetch_max_wait_ms
-        self.request_timeout_ms = request_timeout_ms
+    def __init__(self, *args: Any, limitflow: FaustSettings, **kwargs: Any) -> None:
+        self.limitflow = limitflow
+        self._stopping = asyncio.Event()
         super().__init__(*args, **kwargs)
 
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)
+
+    async def on_start(self) -> None:
+        """Wait until the brokers answer, then start as faust does.
+
+        mode runs the app's own ``on_start`` before it starts the app's children
+        (producer, consumer, agents): faust's producer, started with its brokers
+        unreachable, raised "Unable to bootstrap" and the worker exited 1. Here the worker
+        waits as ``limitflow run`` does, retrying a bootstrap with backoff; a stop
+        meanwhile ends the wait, and mode then starts none of the children."""
+        from limitflow.run_cli import StoppedBeforeStart, start_retrying
+
+        settings = self.limitflow
+        try:
+            probe = await start_retrying(
+                "worker",
+                self._probe,
+                self._stopping,
+                settings.bootstrap_servers,
+                (settings.retry_initial_ms, settings.retry_max_ms),
+            )
+        except StoppedBeforeStart:
+            log.info("stopped before the worker could reach Kafka; nothing was consumed")
+            return
+        await probe.close()
+        log.info("Kafka at %s answers: starting", settings.bootstrap_servers)
+        await super().on_start()
+
+    def _probe(self) -> Any:
+        """An admin client: its start asks a bootstrap server for the cluster's metadata."""
+        from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
+
+        return AIOKafkaAdminClient(
+            bootstrap_servers=self.limitflow.bootstrap_servers,
+            client_id=f"{self.limitflow.group_id}-probe",
+            request_timeout_ms=self.limitflow.request_timeout_ms,
+        )
+
+    async def on_stop(self) -> None:
+        self._stopping.set()
+        await super().on_stop()
+
+    async def on_restart(self) -> None:
+        self._stopping.clear()  # as mode clears its own events for a restart
+        await super().on_restart()
 
 
 def build_app(settings: FaustSettings) -> faust.App:
@@ -311,8 +354,7 @@ def build_app(settings: FaustSettings) -> faust.App:
     session = settings.session_timeout_ms / 1000
     app = LimitflowApp(
         settings.group_id,
-        fetch_max_wait_ms=settings.fetch_max_wait_ms,
-        request_timeout_ms=settings.request_timeout_ms,
+        limitflow=settings,
         broker=",".join(f"kafka://{hp.strip()}" for hp in settings.bootstrap_servers.split(",")),
         autodiscover=False,
         store="memory://",

@@ -27,7 +27,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from benchmarks.generate import events as generated_events
 from tests.faust_worker import faust_worker
-from tests.servers import KafkaBroker, kafka_broker
+from tests.servers import KafkaBroker, free_port, kafka_broker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -343,3 +343,81 @@ async def test_a_stop_while_the_brokers_are_down_ends(tmp_path: Path) -> None:
             assert worker.proc.wait(30) == 0, worker.log.read_text()[-3000:]
         finally:
             worker.kill()
+
+
+def wait_for_log(worker: Worker, text: str, timeout: float) -> None:
+    """Until the worker's log holds ``text``; fails if the worker exits first."""
+    deadline = time.monotonic() + timeout
+    while text not in worker.log.read_text():
+        if worker.proc.poll() is not None:
+            pytest.fail(f"worker exited {worker.proc.returncode}:\n{worker.log.read_text()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {text!r} after {timeout}s:\n{worker.log.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
+async def test_a_worker_started_before_its_broker_waits_for_it_then_decides(
+    tmp_path: Path,
+) -> None:
+    # faust's producer, started first, raised "Unable to bootstrap" and the worker exited
+    # 1 at once: a worker started before its broker (compose, a restart loop) was gone
+    with kafka_broker("tansu") as broker:
+        broker.stop()  # its port stays reserved for the start below
+        names = Topics()
+        worker = Worker(
+            broker,
+            names,
+            f"sqlite:///{tmp_path / 'faust.db'}",
+            f"g-{uuid.uuid4().hex[:6]}",
+            tmp_path / "w.log",
+            retry_initial_ms="100",
+            retry_max_ms="1000",
+        )
+        try:
+            wait_for_log(worker, f"cannot reach Kafka at {broker.bootstrap_servers}", 30)
+            await asyncio.sleep(3)
+            assert worker.proc.poll() is None, worker.log.read_text()[-3000:]
+            assert "waiting for it, next try in" in worker.log.read_text()
+
+            broker.start()
+            admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+            await admin.start()
+            try:
+                # the worker declares it too once it is up: whichever comes first (the
+                # other's answer is an error code in the response, not raised)
+                await admin.create_topics([NewTopic(names.input, 1, 1)])
+            finally:
+                await admin.close()
+            lines = generated_events(300, accounts=50)
+            await produce(broker, names.input, list(lines))
+            out, _ = await read_until(broker, names, len(lines), 0, worker, 60)
+            assert f"Kafka at {broker.bootstrap_servers} answers" in worker.log.read_text()
+        finally:
+            assert worker.stop() == 0, worker.log.read_text()[-3000:]
+    # one verdict per event (the partitions are the worker's or the test's: no order)
+    assert sorted(headers["event_id"] for _, _, headers in out) == sorted(
+        json.loads(line)["event_id"].encode() for line in lines
+    )
+
+
+def test_a_stop_while_waiting_for_the_broker_exits_0_at_once(tmp_path: Path) -> None:
+    # nothing listens on the port, and the next try is 20 s away
+    nowhere = KafkaBroker("none")
+    nowhere.bootstrap_servers = f"127.0.0.1:{free_port()}"
+    worker = Worker(
+        nowhere,
+        Topics(),
+        f"sqlite:///{tmp_path / 'faust.db'}",
+        f"g-{uuid.uuid4().hex[:6]}",
+        tmp_path / "w.log",
+        retry_initial_ms="20000",
+    )
+    try:
+        wait_for_log(worker, f"cannot reach Kafka at {nowhere.bootstrap_servers}", 30)
+        started = time.monotonic()
+        os.killpg(worker.proc.pid, signal.SIGTERM)
+        assert worker.proc.wait(30) == 0, worker.log.read_text()[-3000:]
+        assert time.monotonic() - started < 10
+        assert "nothing was consumed" in worker.log.read_text()
+    finally:
+        worker.kill()

@@ -200,7 +200,7 @@ from streams.faust_app import FaustSettings, build_app
 async def main():
     app = build_app(FaustSettings.from_env(os.environ))
     consumer = app.consumer._thread._create_worker_consumer(app.transport)
-    print(app.fetch_max_wait_ms, consumer._fetch_max_wait_ms)
+    print(app.limitflow.fetch_max_wait_ms, consumer._fetch_max_wait_ms)
     await consumer.stop()
 
 asyncio.run(main())
