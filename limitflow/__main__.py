@@ -1,7 +1,26 @@
-"""``python -m limitflow``."""
+"""``python -m limitflow``, and the ``limitflow`` console script."""
 
 import sys
 
-from limitflow.cli import main
 
-sys.exit(main())
+def main() -> int:
+    """The command line. For ``run``, its stop signals are caught before the rest of
+    limitflow is imported (see ``limitflow.stopping``): a SIGTERM right after the start
+    is a clean stop."""
+    if sys.argv[1:2] != ["run"]:
+        from limitflow.cli import main as cli_main
+
+        return cli_main()
+    from limitflow.stopping import StopSignals
+
+    StopSignals.install()
+    try:
+        from limitflow.cli import main as cli_main
+
+        return cli_main()
+    finally:
+        StopSignals.restore()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,6 +27,7 @@ from limitflow.settings import (
     load_run_settings,
     load_topic_settings,
 )
+from limitflow.stopping import SIGNALS, StopSignals
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # type: ignore[import-untyped]
@@ -133,7 +134,7 @@ def register_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     ):
         name = option.removeprefix("--").replace("-", "_")
         timing.add_argument(option, type=int, help=_env_help(text, name))
-    run.set_defaults(handler=_run)
+    run.set_defaults(handler=_run_command)
 
     topics = commands.add_parser("topics", help="manage the Kafka topics limitflow uses")
     topic_commands = topics.add_subparsers(dest="topics_command", required=True)
@@ -320,17 +321,21 @@ async def _topics_create(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _run(args: argparse.Namespace) -> int:
-    from limitflow.cli import (
-        EXIT_OK,
-        EXIT_STORE,
-        EXIT_USAGE,
-        CommandFailed,
-        _rules,
-        open_ready_store,
-    )
+def _run_command(args: argparse.Namespace) -> int:
+    """``limitflow run``. Its stop signals are caught from here on, if the console script
+    has not caught them already: a stop before ``serve`` handles them is recorded, and
+    ends the run before it consumes anything (exit 0)."""
+    signals = StopSignals.install()
+    try:
+        return asyncio.run(_run(args, signals))
+    finally:
+        StopSignals.restore()
+
+
+async def _run(args: argparse.Namespace, signals: StopSignals) -> int:
+    stop = signals.attach()
+    from limitflow.cli import EXIT_OK, EXIT_STORE, EXIT_USAGE, CommandFailed, _rules
     from limitflow.errors import BrokerError, StoreError
-    from stores.sqlite import CONSUMER_LOCK_WAIT
     from streams.engine import fewer_collections
     from streams.ops import OpsUnavailable, configure_logging
     from streams.topics import TopicError
@@ -338,10 +343,14 @@ async def _run(args: argparse.Namespace) -> int:
     settings = _settings(lambda: load_run_settings(_values(args), os.environ))
     configure_logging(settings.log_level, settings.log_format)
     rules = _rules(settings.rules)
-    store = await open_ready_store(settings.store, lock_wait=CONSUMER_LOCK_WAIT)
+    store = await _store_unless_stopped(settings.store, stop)
+    if store is None:
+        name = signals.received.name if signals.received else "a signal"
+        log.info("stopped by %s before starting; nothing was consumed", name)
+        return EXIT_OK
     try:
         with fewer_collections():
-            return await serve(settings, rules, store)
+            return await serve(settings, rules, store, signals)
     except StoreError as exc:
         log.error("store failed for good: %s", exc)
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
@@ -359,8 +368,47 @@ async def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
-    """Run the consumer with ``store`` until SIGTERM/SIGINT (handlers installed here)."""
+async def _store_unless_stopped(url: str, stop: asyncio.Event) -> object | None:
+    """The store of ``url``, opened as ``open_ready_store`` does; None if ``stop`` is set
+    first, also while the store's servers are waited for (a store that blocks the loop,
+    sqlite waiting for another process's lock, is left when its wait ends)."""
+    from limitflow.cli import open_ready_store
+    from stores.sqlite import CONSUMER_LOCK_WAIT
+
+    if stop.is_set():
+        return None
+    opening = asyncio.ensure_future(open_ready_store(url, lock_wait=CONSUMER_LOCK_WAIT))
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((opening, stopped), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        opening.cancel()
+        raise
+    finally:
+        stopped.cancel()
+    if not stop.is_set():
+        return opening.result()  # or its CommandFailed
+    opening.cancel()
+    try:
+        store = await opening
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        return None
+    except Exception:  # it failed meanwhile: stopping all the same
+        return None
+    await store.close()  # type: ignore[attr-defined]
+    return None
+
+
+async def serve(
+    settings: RunSettings, rules: Any, store: Any, signals: StopSignals | None = None
+) -> int:
+    """Run the consumer with ``store`` until SIGTERM/SIGINT (handlers installed here).
+
+    ``signals``: those of ``run``, before these handlers: one received already stops at
+    once, and a signal after this returns is logged, not fatal."""
     from handlers.decide import Decider
     from streams.consumer import VelocityConsumer
     from streams.engine import Engine
@@ -388,8 +436,10 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
             runner.request_stop(now=stop.is_set())
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
+    if signals is not None and signals.received is not None:
+        on_signal(signals.received)  # came before the handlers above
     consumer = producer = None
     output: Output | None = None
     kafka = settings.kafka
@@ -456,6 +506,9 @@ async def serve(settings: RunSettings, rules: Any, store: Any) -> int:
             await _close_consumer(consumer)
         if ops:
             await ops.stop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+        if signals is not None:
+            signals.hand_back()
+        else:
+            for sig in SIGNALS:
+                loop.remove_signal_handler(sig)
     return 0

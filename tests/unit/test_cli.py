@@ -1021,6 +1021,112 @@ def test_an_ops_endpoint_that_cannot_listen_stops_run_in_one_line(
     assert ("in use" if taken else "assign requested address") in reason
 
 
+def _closed_port() -> int:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        return int(closed.getsockname()[1])  # nothing listens there once it is closed
+
+
+def _start_run(tmp_path: Path, rules: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """``limitflow run`` with its store down: MongoDB is waited for (2 minutes here), so
+    the process stays in its start, before the consumer's own signal handlers."""
+    err = tmp_path / "stderr"
+    port = _closed_port()
+    with open(err, "wb") as sink:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "limitflow", "run"),
+                *("--bootstrap-servers", "127.0.0.1:1", "--group-id", "g"),
+                *("--input-topic", "in", "--output-topic", "out", "--dead-letter-topic", "dead"),
+                *("--rules", str(rules), "--log-format", "text"),
+                *("--store", f"mongodb://127.0.0.1:{port}/x?serverSelectionTimeoutMS=120000"),
+            ],
+            cwd=tmp_path,
+            stdout=sink,
+            stderr=sink,
+        )
+    return proc, err
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (``SigCgt``, ``man 5 proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (sig - 1)))
+    raise AssertionError(f"no SigCgt for process {pid}")
+
+
+def _stopped(proc: subprocess.Popen[bytes], err: Path) -> tuple[int, str]:
+    try:
+        code = proc.wait(15)  # well before the store's wait ends
+    finally:
+        proc.kill()
+        proc.wait()
+    return code, err.read_text(errors="replace")
+
+
+needs_proc = pytest.mark.skipif(
+    not Path("/proc/self/status").exists(), reason="reads /proc/PID of the process"
+)
+
+
+@needs_proc
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_run_waiting_for_its_store_stops_on_a_signal_with_exit_0(
+    tmp_path: Path, rules: Path, sig: int
+) -> None:
+    # the consumer's handlers came only after the store was open: SIGTERM meanwhile
+    # ended `run` with 143 (SIGINT with 130), so an orchestrator that stopped a process
+    # that had just started saw a failure
+    import pymongo
+
+    if not pymongo.has_c():
+        pytest.skip("waits for pymongo's compiled module to show the store is opening")
+    proc, err = _start_run(tmp_path, rules)
+    deadline = time.monotonic() + 60
+    maps = Path(f"/proc/{proc.pid}/maps")
+    # the MongoDB store is imported when it is opened
+    while b"pymongo" not in maps.read_bytes() and time.monotonic() < deadline:
+        assert proc.poll() is None, err.read_text(errors="replace")
+        time.sleep(0.01)
+    assert b"pymongo" in maps.read_bytes(), "the store was never opened"
+    time.sleep(0.5)  # into the wait for the server
+    proc.send_signal(sig)
+    code, log = _stopped(proc, err)
+    assert code == 0, log
+    assert f"stopped by {signal.Signals(sig).name} before starting; nothing was consumed" in log
+    assert "Traceback" not in log
+
+
+@needs_proc
+@pytest.mark.parametrize("delay", [0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, None])
+def test_run_stops_on_sigterm_from_its_first_moments_with_exit_0(
+    tmp_path: Path, rules: Path, delay: float | None
+) -> None:
+    # SIGTERM at a delay after the start; None: the moment the process catches it. Only
+    # a SIGTERM before that, while Python itself starts, may still end it (-15): no
+    # handler of the program can run then.
+    proc, err = _start_run(tmp_path, rules)
+    if delay is None:
+        deadline = time.monotonic() + 20
+        while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+            assert proc.poll() is None, err.read_text(errors="replace")
+            time.sleep(0.001)
+        caught = _catches(proc.pid, signal.SIGTERM)
+        assert caught, "SIGTERM was not caught while `run` started"
+    else:
+        time.sleep(delay)
+        caught = _catches(proc.pid, signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)
+    code, log = _stopped(proc, err)
+    if not caught:
+        assert code in (0, -signal.SIGTERM), log
+        return
+    assert code == 0, log
+    assert "stopped by SIGTERM before starting; nothing was consumed" in log
+    assert "Traceback" not in log
+
+
 def test_topics_create_with_no_broker_there_says_so_in_one_line(tmp_path: Path) -> None:
     # aiokafka's raw log line came first, then an object dump with no next step
     with socket.socket() as closed:

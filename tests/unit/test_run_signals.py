@@ -1,0 +1,84 @@
+"""``run``'s stop signals before and after ``serve`` handles them (``limitflow.stopping``).
+The whole process is in tests/unit/test_cli.py; these look at the parts in one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from limitflow.run_cli import serve
+from limitflow.settings import load_run_settings
+from limitflow.stopping import SIGNALS, StopSignals
+from schemas.rules import load_rules
+from stores import open_store
+
+
+@pytest.fixture
+def handlers() -> Iterator[None]:
+    before = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    yield
+    StopSignals.restore()
+    assert {sig: signal.getsignal(sig) for sig in SIGNALS} == before
+
+
+def test_a_signal_before_the_event_loop_sets_the_stop_once_it_runs(handlers: None) -> None:
+    signals = StopSignals.install()
+    assert StopSignals.install() is signals  # the console script's, taken up by `run`
+    os.kill(os.getpid(), signal.SIGTERM)  # recorded, not fatal
+
+    async def attached() -> bool:
+        return signals.attach().is_set()
+
+    assert signals.received is signal.SIGTERM
+    assert asyncio.run(attached())
+
+
+async def test_serve_stops_at_once_for_a_signal_before_its_handlers_and_logs_one_after(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - {id: r, window: day, max_count: 1}\n")
+    settings = load_run_settings(
+        {
+            "bootstrap_servers": "127.0.0.1:1",  # never tried: the stop comes first
+            "input_topic": "in",
+            "output_topic": "out",
+            "dead_letter_topic": "dead",
+            "group_id": "g",
+            "rules": str(rules),
+            "store": "memory://",
+        },
+        {},
+    )
+    store = open_store("memory://")
+    await store.init()
+    signals = StopSignals()
+    signals.received = signal.SIGTERM  # between the store's opening and serve's handlers
+    caplog.set_level(logging.INFO, "limitflow.run")
+    loop = asyncio.get_running_loop()
+    try:
+        assert (
+            await asyncio.wait_for(serve(settings, load_rules(str(rules)), store, signals), 10) == 0
+        )
+        assert "received SIGTERM" in caplog.messages
+        assert "stopped before the consumer could reach Kafka; nothing was consumed" in (
+            caplog.messages
+        )
+        # handed back, not removed: the store and the loop are still to close
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100):
+            if "received SIGTERM: already stopping" in caplog.messages:
+                break
+            await asyncio.sleep(0.01)
+        assert "received SIGTERM: already stopping" in caplog.messages
+    finally:
+        for sig in SIGNALS:
+            loop.remove_signal_handler(sig)
+        await store.close()
