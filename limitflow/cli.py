@@ -69,8 +69,10 @@ async def open_ready_store(url: str, *, lock_wait: float | None = None) -> objec
             await store.close()
             raise
     except StoreNotInitialized as exc:
+        # the store's own hint, without the URL, gives way to the whole command
+        what = str(exc).removesuffix(": run `limitflow store init`")
         raise CommandFailed(
-            f"store: {exc} (run: limitflow store init --store '{url}')", EXIT_STORE
+            f"store: {what}: run `limitflow store init --store '{url}'`", EXIT_STORE
         ) from None
     except (StoreError, ConfigError) as exc:
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
@@ -193,9 +195,9 @@ async def _replay(args: argparse.Namespace) -> int:
         finally:
             await store.close()
     _say(
-        f"{summary.lines} events: {summary.accepted} accepted, {summary.rejected} rejected, "
-        f"{summary.duplicates} duplicates, {summary.dead_letters} dead letters "
-        f"in {summary.seconds:.2f}s"
+        f"{_count(summary.lines, 'event')}: {summary.accepted} accepted, "
+        f"{summary.rejected} rejected, {_count(summary.duplicates, 'duplicate')}, "
+        f"{_count(summary.dead_letters, 'dead letter')} in {summary.seconds:.2f}s"
     )
     if summary.interrupted:
         _say(
@@ -205,6 +207,11 @@ async def _replay(args: argparse.Namespace) -> int:
         )
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: "1 duplicate", "3 dead letters"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _say(line: str) -> None:
@@ -258,7 +265,7 @@ def _sqlite_file(url: str) -> str | None:
 
 def _rules_check(args: argparse.Namespace) -> int:
     rules = _rules(args.rules)
-    print(f"{args.rules}: {len(rules.rules)} rules, version {rules.version}")
+    print(f"{args.rules}: {_count(len(rules.rules), 'rule')}, version {rules.version}")
     for rule in rules.rules:
         limits = []
         if rule.max_count is not None:

@@ -582,6 +582,19 @@ def init_store(url: str) -> None:
 
 
 @pytest.mark.integration
+def test_a_replay_before_store_init_says_the_command_once(store_url: str, tmp_path: Path) -> None:
+    # was: "…: run `limitflow store init` (run: limitflow store init --store '…')"
+    events = tmp_path / "events.jsonl"
+    events.write_text((REPO / "examples" / "events.jsonl").read_text())
+    done = run_replay(store_url, events, tmp_path, REPO / "examples" / "rules.yaml")
+    assert done.returncode == 3
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("limitflow: store: MongoDB database ")
+    assert line.endswith(f": run `limitflow store init --store '{store_url}'`")
+    assert line.count("store init") == 1
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("batch_size", [None, 7])
 def test_replay_matches_memory_byte_for_byte(
     store_url: str, tmp_path: Path, batch_size: int | None

@@ -83,7 +83,7 @@ FILE_A_VERDICTS = [
     ("p5", "accept", None, 6),
 ]
 FILE_A_DEAD = [("invalid_json", 4), ("invalid_event", 8), ("idempotency_conflict", 10)]
-FILE_A_SUMMARY = "11 events: 5 accepted, 2 rejected, 1 duplicates, 3 dead letters"
+FILE_A_SUMMARY = "11 events: 5 accepted, 2 rejected, 1 duplicate, 3 dead letters"
 
 
 def limitflow(
@@ -690,7 +690,7 @@ def test_the_default_store_is_a_sqlite_file_in_the_working_directory(
     assert (tmp_path / "limitflow.db").is_file()
     assert first.returncode == again.returncode == 0
     assert again.stdout == first.stdout
-    assert again.stderr.decode().startswith("1 events: 0 accepted, 0 rejected, 1 duplicates")
+    assert again.stderr.decode().startswith("1 event: 0 accepted, 0 rejected, 1 duplicate,")
 
 
 # --- rules check ---------------------------------------------------------------------------
