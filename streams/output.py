@@ -319,11 +319,21 @@ class TransactionalOutput(Output):
     async def _producer(self, tp: TopicPartition) -> AIOKafkaProducer:
         producer = self.producers.get(tp)
         if producer is None:
-            producer = self.make_producer(self.transactional_id(tp))
+            transactional_id = self.transactional_id(tp)
+            producer = self.make_producer(transactional_id)
             try:
                 await producer.start()
-            except BaseException:
+            except BaseException as exc:
                 await _stop_quietly(producer)
+                refused = translate(exc)
+                if isinstance(refused, BrokerRejected):
+                    # what a broker without transactions answers to InitProducerId (tansu:
+                    # UnknownError): say what it means, not only the error's name
+                    raise BrokerRejected(
+                        f"the brokers refused a transactional producer ({transactional_id}):"
+                        " --guarantee exactly-once needs brokers that implement Kafka"
+                        f" transactions; {refused}"
+                    ) from exc
                 raise
             self.producers[tp] = producer
         return producer

@@ -923,6 +923,19 @@ async def test_topics_the_broker_refuses_to_create_stop_run_in_one_line(
     assert out.strip().splitlines()[-1].startswith("limitflow: cannot create topics: ")
 
 
+def test_exactly_once_on_brokers_without_transactions_says_so_in_one_line(setup: Setup) -> None:
+    # tansu answers InitProducerId with UnknownError: run said only
+    # "limitflow: kafka: Kafka refused: UnknownError()"
+    setup.create_topics()
+    proc = setup.run("--guarantee", "exactly-once")
+    assert proc.wait(60) == 4
+    out = setup.log(0)
+    assert "Traceback" not in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("limitflow: kafka: the brokers refused a transactional producer (")
+    assert "exactly-once needs brokers that implement Kafka transactions" in last
+
+
 def test_a_stop_before_kafka_is_reachable_exits_0_at_once(tmp_path: Path) -> None:
     # was: "kafka failed for good", exit 4, after the retry wait in hand (up to 30 s)
     s = Setup(f"127.0.0.1:{_free_port()}", tmp_path, "unreachable")
