@@ -402,6 +402,8 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 def _describe(data: Any, exc: msgspec.ValidationError) -> str:
     """Prefix a validation error with the id of the rule it is about, when there is one."""
     message = str(exc)
+    if message.startswith("Invalid enum value") and message.endswith(".window`"):
+        message += f" (one of: {', '.join(window.value for window in Window)})"
     found = re.search(r"\$\.rules\[(\d+)\]", message)
     if found and isinstance(data, dict) and isinstance(data.get("rules"), list):
         index = int(found.group(1))

@@ -152,7 +152,7 @@ def test_load_rules_reads_a_file(tmp_path: Path) -> None:
     [
         pytest.param(
             one_rule("window: fortnight\nmax_count: 1", "r-window"),
-            ["'r-window'", "window", "fortnight"],
+            ["'r-window'", "window", "fortnight", "(one of: transaction, minute, hour, day,"],
             id="unknown-window",
         ),
         pytest.param(
