@@ -302,7 +302,11 @@ class DynamoStore(Store):
         query.pop("event_retention_days", None)
         unknown = set(query) - _URL_PARAMS
         if unknown:
-            raise ConfigError(f"{url}: unknown parameters {', '.join(sorted(unknown))}")
+            known = sorted({*_URL_PARAMS, "bucket_retention_days", "event_retention_days"})
+            raise ConfigError(
+                f"{url}: unknown parameters {', '.join(sorted(unknown))}"
+                f" (known: {', '.join(known)})"
+            )
         endpoint = query.get("endpoint_url", [None])[0]
         region = query.get("region", [None])[0]
         return cls(

@@ -967,6 +967,21 @@ def test_a_store_url_the_store_cannot_use_is_one_line_and_exit_3(tmp_path: Path,
     assert not (tmp_path / "state.db").exists()
 
 
+def test_an_unknown_dynamodb_url_parameter_is_named_with_the_known_ones(tmp_path: Path) -> None:
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    result = limitflow(
+        *("replay", "--rules", str(rules), "--input", str(source), "--output", "v"),
+        *("--dead-letter", "d", "--store", "dynamodb://x?endpoint=http://127.0.0.1:8000"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 3
+    assert one_line_reason(result).endswith(
+        ": unknown parameters endpoint"
+        " (known: bucket_retention_days, endpoint_url, event_retention_days, region)"
+    )
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_replay_waiting_on_its_input_stops_on_a_signal(tmp_path: Path, sig: int) -> None:
     # the event loop's handlers never ran while the read blocked its thread: only kill -9
