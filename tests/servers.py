@@ -863,4 +863,12 @@ if __name__ == "__main__":
             f" log {server.log_path}; Ctrl-C stops it"
         )
         with contextlib.suppress(KeyboardInterrupt):
-            signal.pause()
+            # a native server is watched: one that dies says so and ends this too, instead
+            # of leaving its user to wonder why nothing answers on its port
+            while server._process is None or server.pid is not None:
+                time.sleep(1)
+            print(
+                f"{server.kind} exited; log {server.log_path}:\n{server.log_text()[-2000:]}",
+                file=sys.stderr,
+            )
+            sys.exit(1)
