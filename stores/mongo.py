@@ -145,7 +145,9 @@ class MongoStore(Store):
                     driver_url, tz_aware=True, tzinfo=UTC, appname="limitflow", connect=False
                 )
         except (ConfigurationError, UserWarning) as exc:
-            raise ConfigError(f"{_redact(url)}: {exc}") from exc
+            # PyMongo ends an unknown option's message pointing at its docstring: not ours
+            said = str(exc).removesuffix(" Refer to docstring.")
+            raise ConfigError(f"{_redact(url)}: {said}") from exc
         except PyMongoError as exc:
             raise _translate(exc) from exc
         return cls(client, database, retention, clock=clock, owns_client=True)

@@ -967,6 +967,22 @@ def test_a_store_url_the_store_cannot_use_is_one_line_and_exit_3(tmp_path: Path,
     assert not (tmp_path / "state.db").exists()
 
 
+def test_an_unknown_mongodb_url_option_is_one_line_without_pymongos_pointer(
+    tmp_path: Path,
+) -> None:
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    result = limitflow(
+        *("replay", "--rules", str(rules), "--input", str(source), "--output", "v"),
+        *("--dead-letter", "d", "--store", "mongodb://127.0.0.1:1/x?timeoutMz=5"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 3
+    reason = one_line_reason(result)
+    assert reason.startswith("limitflow: store: mongodb://127.0.0.1:1/x?timeoutMz=5: ")
+    assert "Unknown option" in reason and "docstring" not in reason
+
+
 def test_an_unknown_dynamodb_url_parameter_is_named_with_the_known_ones(tmp_path: Path) -> None:
     source = write(tmp_path / "events.jsonl", FILE_A)
     rules = write(tmp_path / "rules.yaml", [RULES])
