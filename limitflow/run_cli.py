@@ -436,10 +436,11 @@ async def serve(
             runner.request_stop(now=stop.is_set())
         stop.set()
 
-    for sig in SIGNALS:
-        loop.add_signal_handler(sig, on_signal, sig)
-    if signals is not None and signals.received is not None:
-        on_signal(signals.received)  # came before the handlers above
+    if signals is not None:
+        signals.take(on_signal)  # and one received already comes now
+    else:
+        for sig in SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
     consumer = producer = None
     output: Output | None = None
     kafka = settings.kafka

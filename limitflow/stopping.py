@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Callable
     from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -38,6 +39,7 @@ class StopSignals:
         self.closing = False
         """Set once ``serve`` has handed the signals back: the stop is under way."""
         self._stop: asyncio.Event | None = None
+        self._handler: Callable[[signal.Signals], None] | None = None
         self._before: dict[signal.Signals, Any] = {}
 
     @classmethod
@@ -71,24 +73,40 @@ class StopSignals:
         received since ``install`` or from now on."""
         import asyncio
 
-        loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         # each replaces a plain handler that catches too: no moment without one
-        for sig in SIGNALS:
-            loop.add_signal_handler(sig, self._note, sig)
+        self._on_loop()
         if self.received is not None:  # before the loop's handlers were installed
             self._stop.set()
         return self._stop
+
+    def take(self, handler: Callable[[signal.Signals], None]) -> None:
+        """``serve`` handles the signals from now on: ``handler`` is called for each, at
+        once for one received already.
+
+        The loop's handlers stay this instance's, which passes them on. Replacing them
+        with ``serve``'s lost a signal the loop had read but not handled yet: its callback,
+        already queued, came to this instance after ``serve`` had looked for one, and
+        only set an event no one waited for any more."""
+        self._handler = handler
+        self._on_loop()
+        if self.received is not None:
+            handler(self.received)
 
     def hand_back(self) -> None:
         """``serve`` is done with the signals: a signal now is logged, not fatal.
 
         The loop's handlers are replaced, not removed (removing one restores the
         default action for a moment); closing the loop removes them."""
+        self._handler = None
+        self.closing = True
+        self._on_loop()
+
+    def _on_loop(self) -> None:
+        """This instance's handlers on the running event loop (again)."""
         import asyncio
 
         loop = asyncio.get_running_loop()
-        self.closing = True
         for sig in SIGNALS:
             loop.add_signal_handler(sig, self._note, sig)
 
@@ -100,5 +118,7 @@ class StopSignals:
             import logging
 
             logging.getLogger("limitflow.run").info("received %s: already stopping", sig.name)
+        elif self._handler is not None:
+            self._handler(sig)
         if self._stop is not None:
             self._stop.set()

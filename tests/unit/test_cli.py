@@ -1158,6 +1158,49 @@ def test_run_stops_on_sigterm_from_its_first_moments_with_exit_0(
     assert "Traceback" not in log
 
 
+def test_run_stops_on_a_sigterm_that_comes_while_its_sqlite_store_opens(
+    tmp_path: Path, rules: Path
+) -> None:
+    # sqlite's open holds the event loop; a SIGTERM meanwhile reached the loop's handler
+    # (StopSignals') only after serve() had replaced it and looked for a signal already
+    # received: serve never saw it, and `run` went on to wait for Kafka and consume
+    script = textwrap.dedent(
+        """
+        import signal, sys
+        import stores.sqlite
+        from limitflow.__main__ import main
+
+        opened = stores.sqlite._open
+        def _open(path):
+            db = opened(path)
+            signal.raise_signal(signal.SIGTERM)  # while the open holds the loop
+            return db
+        stores.sqlite._open = _open
+        sys.exit(main())
+        """
+    )
+    err = tmp_path / "stderr"
+    with open(err, "wb") as sink:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-c", script, "run"),
+                *("--bootstrap-servers", f"127.0.0.1:{_closed_port()}", "--group-id", "g"),
+                *("--input-topic", "in", "--output-topic", "out", "--dead-letter-topic", "dead"),
+                *("--rules", str(rules), "--log-format", "text"),
+                *("--store", f"sqlite:///{tmp_path / 'state.db'}"),
+            ],
+            cwd=tmp_path,
+            stdout=sink,
+            stderr=sink,
+        )
+    code, log = _stopped(proc, err)
+    assert code == 0, log
+    assert "received SIGTERM" in log
+    assert "nothing was consumed" in log
+    assert "cannot reach Kafka" not in log  # stopped before the first try
+    assert "Traceback" not in log
+
+
 def test_topics_create_with_no_broker_there_says_so_in_one_line(tmp_path: Path) -> None:
     # aiokafka's raw log line came first, then an object dump with no next step
     with socket.socket() as closed:
