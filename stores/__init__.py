@@ -8,7 +8,7 @@ from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from limitflow.errors import ConfigError
-from stores.base import DAY, Retention, Store
+from stores.base import DAY, RETENTION_PARAMS, Retention, Store
 
 SCHEMES = ("memory", "sqlite", "mongodb", "dynamodb")
 
@@ -56,7 +56,7 @@ def open_store(
         # retention must not silently keep the default
         raise ConfigError(
             f"{url}: unknown option {', '.join(sorted(query))}"
-            " (bucket_retention_days and event_retention_days are known)"
+            f" ({' and '.join(sorted(RETENTION_PARAMS))} are known)"
         )
     if parts.scheme == "memory":
         from stores.memory import MemoryStore

@@ -61,6 +61,10 @@ _MALFORMED = (
 
 DAY = 86_400
 
+RETENTION_PARAMS = frozenset({"bucket_retention_days", "event_retention_days"})
+"""Query parameters of every store URL that are limitflow's (``stores._retention``), never
+a driver's."""
+
 
 @dataclass(frozen=True, slots=True)
 class Retention:

@@ -50,7 +50,7 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from stores.base import Expected, Retention, Store
+from stores.base import RETENTION_PARAMS, Expected, Retention, Store
 from stores.verdict_codec import pack_verdict, unpack_verdict
 
 log = logging.getLogger("limitflow.stores.dynamo")
@@ -298,11 +298,9 @@ class DynamoStore(Store):
         """``dynamodb://PREFIX?endpoint_url=…&region=…``; credentials from the AWS chain."""
         parts = urlsplit(url)
         query = parse_qs(parts.query)
-        query.pop("bucket_retention_days", None)
-        query.pop("event_retention_days", None)
-        unknown = set(query) - _URL_PARAMS
+        unknown = set(query) - _URL_PARAMS - RETENTION_PARAMS
         if unknown:
-            known = sorted({*_URL_PARAMS, "bucket_retention_days", "event_retention_days"})
+            known = sorted(_URL_PARAMS | RETENTION_PARAMS)
             raise ConfigError(
                 f"{url}: unknown parameters {', '.join(sorted(unknown))}"
                 f" (known: {', '.join(known)})"

@@ -58,7 +58,7 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from stores.base import Expected, Retention, Store
+from stores.base import RETENTION_PARAMS, Expected, Retention, Store
 from stores.verdict_codec import pack_verdict, unpack_verdict
 
 Document = dict[str, Any]
@@ -68,9 +68,6 @@ BUCKETS, ACCOUNTS, EVENTS = "buckets", "accounts", "events"
 EXPIRING = (BUCKETS, EVENTS)
 """Collections with a TTL index on ``expires_at`` (account sequences never expire)."""
 TTL_INDEX = "expires_at_ttl"
-
-LIMITFLOW_PARAMS = frozenset({"bucket_retention_days", "event_retention_days"})
-"""Query parameters of a store URL that are limitflow's, never the driver's."""
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 READ_CHUNK = 1_000
@@ -328,7 +325,7 @@ def split_url(url: str) -> tuple[str, str]:
     query = "&".join(
         option
         for option in re.split(r"[&;]", parts.query)
-        if option and unquote(option.partition("=")[0]) not in LIMITFLOW_PARAMS
+        if option and unquote(option.partition("=")[0]) not in RETENTION_PARAMS
     )
     driver_url = urlunsplit((parts.scheme, parts.netloc, f"/{database}", query, ""))
     return driver_url, database
