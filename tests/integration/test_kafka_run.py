@@ -979,8 +979,22 @@ async def test_a_second_signal_while_closing_does_not_cut_the_close_short(
 ) -> None:
     # the handlers were removed before the clients closed: a second Ctrl-C then raised
     # KeyboardInterrupt (exit 130), and the member never left its group. A frozen broker
-    # keeps the close (leaving the group) going long enough to signal during it.
-    s = Setup(noida.bootstrap_servers, tmp_path, f"sig-{random.randrange(10**6)}")
+    # keeps the close (leaving the group) going long enough to signal during it, mostly:
+    # aiokafka skips the leave when it has already given the coordinator up, and the
+    # close then ends at once. A signal that comes after the close is logged as
+    # "already stopping"; that attempt tested nothing, and the next one tries again.
+    for attempt in range(3):
+        log = _second_sigint_half_a_second_into_the_close(noida, tmp_path / str(attempt))
+        if "already closing" in log:
+            return
+    raise AssertionError(f"the close had always ended before the second signal:\n{log}")
+
+
+def _second_sigint_half_a_second_into_the_close(noida: Any, tmp: Path) -> str:
+    """The log of a run stopped by SIGINT with its broker frozen, and SIGINT again 0.5 s
+    after its consumer loop ended; the run must exit 0 and log the second signal."""
+    tmp.mkdir()
+    s = Setup(noida.bootstrap_servers, tmp, f"sig-{random.randrange(10**6)}")
     s.create_topics()
     proc = s.run()
     broker = _pid(noida)
@@ -991,10 +1005,15 @@ async def test_a_second_signal_while_closing_does_not_cut_the_close_short(
         wait_for(lambda: "ran for" in s.log(0), 60, "the consumer loop to end")
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
-        wait_for(lambda: "already closing" in s.log(0), 10, "the second signal to be heard")
+        heard = ("already closing", "already stopping")
+        try:
+            wait_for(lambda: any(h in s.log(0) for h in heard), 10, "the second signal")
+        except AssertionError:
+            raise AssertionError(f"the second signal went unheard:\n{s.log(0)[-3000:]}") from None
     finally:
         os.kill(broker, signal.SIGCONT)
     assert proc.wait(60) == 0, s.log(0)[-2000:]
+    return s.log(0)[-1500:]
 
 
 async def test_a_sqlite_file_locked_by_another_process_is_an_outage_not_a_freeze(
