@@ -70,9 +70,8 @@ async def open_ready_store(url: str, *, lock_wait: float | None = None) -> objec
             raise
     except StoreNotInitialized as exc:
         # the store's own hint, without the URL, gives way to the whole command
-        what = str(exc).removesuffix(": run `limitflow store init`")
         raise CommandFailed(
-            f"store: {what}: run `limitflow store init --store '{url}'`", EXIT_STORE
+            f"store: {exc.missing}: run `limitflow store init --store '{url}'`", EXIT_STORE
         ) from None
     except (StoreError, ConfigError) as exc:
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None

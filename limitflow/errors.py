@@ -51,7 +51,19 @@ class ConflictError(StoreError):
 
 
 class StoreNotInitialized(StoreError):
-    """Tables, collections or indexes are missing: run ``limitflow store init --store URL``."""
+    """Tables, collections or indexes are missing: run ``limitflow store init --store URL``.
+
+    Raised with what is missing; its text adds the hint. ``missing`` is that text alone,
+    for a command that gives the hint in full (with the URL)."""
+
+    hint: ClassVar[str] = "run `limitflow store init`"
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(missing)
+        self.missing = missing
+
+    def __str__(self) -> str:
+        return f"{self.missing}: {self.hint}"
 
 
 class StoreRejected(StoreError):

@@ -271,14 +271,13 @@ class MongoStore(Store):
             raise _translate(exc) from exc
 
     async def _verify(self) -> None:
-        hint = "run `limitflow store init`"
         try:
             names = set(await self._db.list_collection_names())
             missing = sorted({BUCKETS, ACCOUNTS, EVENTS} - names)
             if missing:
                 raise StoreNotInitialized(
                     f"MongoDB database {self.database_name!r} has no collection "
-                    f"{', '.join(missing)}: {hint}"
+                    f"{', '.join(missing)}"
                 )
             for name in EXPIRING:
                 indexes = await self._collection(name).index_information()
@@ -286,7 +285,7 @@ class MongoStore(Store):
                 if ttl is None or ttl.get("expireAfterSeconds") is None:
                     raise StoreNotInitialized(
                         f"MongoDB collection {self.database_name}.{name} has no TTL index "
-                        f"on expires_at: {hint}"
+                        "on expires_at"
                     )
         except PyMongoError as exc:
             raise _translate(exc) from exc
@@ -502,7 +501,7 @@ def _translate(exc: PyMongoError) -> StoreError:
         if exc.code in _CONFLICT_CODES or (exc.code is None and _is_conflict_text(exc)):
             return ConflictError(f"MongoDB write conflict: {exc}")
         if exc.code in _NOT_INITIALIZED_CODES:
-            return StoreNotInitialized(f"MongoDB: {exc}: run `limitflow store init`")
+            return StoreNotInitialized(f"MongoDB: {exc}")
         if exc.code in _UNAVAILABLE_CODES or exc.has_error_label("UnknownTransactionCommitResult"):
             return StoreUnavailable(f"MongoDB unavailable: {exc}")
         if exc.code == _ILLEGAL_OPERATION:  # what a standalone mongod says to a transaction

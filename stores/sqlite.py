@@ -281,9 +281,7 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
         if not {"buckets", "accounts", "events"} <= names:
-            raise StoreNotInitialized(
-                f"{self.path} has no limitflow tables: run `limitflow store init`"
-            )
+            raise StoreNotInitialized(f"{self.path} has no limitflow tables")
 
     async def _read(self, keys: Keys) -> Snapshot:
         snapshot = Snapshot()
@@ -556,7 +554,7 @@ def _open(path: str) -> sqlite3.Connection:
 def _translate(exc: sqlite3.Error) -> Exception:
     text = str(exc)
     if "no such table" in text:
-        return StoreNotInitialized("SQLite tables are missing: run `limitflow store init`")
+        return StoreNotInitialized("SQLite tables are missing")
     if type(exc) is sqlite3.DatabaseError:  # "malformed", "not a database": no retry helps
         return StoreRejected(f"SQLite: {text} (the file is damaged or not a database)")
     return StoreUnavailable(f"SQLite: {text}")

@@ -1237,3 +1237,38 @@ def test_rules_check_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
         os.close(write)
     assert result.returncode == 141
     assert result.stderr == b""
+
+
+def test_a_store_not_initialized_says_what_is_missing_and_the_hint_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the stores wrote the hint into their messages, or not (DynamoDB), and the CLI took
+    # it off again by its text to give the whole command
+    import asyncio
+    import pickle
+
+    import stores
+    from limitflow.cli import CommandFailed, open_ready_store
+    from limitflow.errors import StoreNotInitialized
+
+    exc = StoreNotInitialized("DynamoDB describe: ResourceNotFoundException: the table is missing")
+    assert str(exc) == (
+        "DynamoDB describe: ResourceNotFoundException: the table is missing: "
+        "run `limitflow store init`"
+    )
+    assert str(pickle.loads(pickle.dumps(exc))) == str(exc)
+
+    class Uninitialised:
+        async def check(self) -> None:
+            raise exc
+
+        async def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(stores, "open_store", lambda url, lock_wait=None: Uninitialised())
+    with pytest.raises(CommandFailed) as caught:
+        asyncio.run(open_ready_store("dynamodb://t?region=x"))
+    assert str(caught.value) == (
+        "store: DynamoDB describe: ResourceNotFoundException: the table is missing: "
+        "run `limitflow store init --store 'dynamodb://t?region=x'`"
+    )
