@@ -324,15 +324,25 @@ async def _topics_create(args: argparse.Namespace) -> int:
 def _run_command(args: argparse.Namespace) -> int:
     """``limitflow run``. Its stop signals are caught from here on, if the console script
     has not caught them already: a stop before ``serve`` handles them is recorded, and
-    ends the run before it consumes anything (exit 0)."""
+    ends the run before it consumes anything (exit 0). Those the console script caught
+    stay ignored until the process ends (``StopSignals.done``); others are restored."""
+    owned = StopSignals.installed is None
     signals = StopSignals.install()
     try:
         return asyncio.run(_run(args, signals))
     finally:
-        StopSignals.restore()
+        if owned:
+            StopSignals.restore()
 
 
 async def _run(args: argparse.Namespace, signals: StopSignals) -> int:
+    try:
+        return await _load_and_serve(args, signals)
+    finally:
+        signals.done()
+
+
+async def _load_and_serve(args: argparse.Namespace, signals: StopSignals) -> int:
     stop = signals.attach()
     from limitflow.cli import EXIT_OK, EXIT_STORE, EXIT_USAGE, CommandFailed, _rules
     from limitflow.errors import BrokerError, StoreError

@@ -5,8 +5,8 @@ hurries an outage's wait). Before it does (the imports, settings, rules, opening
 store) the process had no handler of its own: SIGTERM ended it with 143 and SIGINT with
 130, so an orchestrator stopping a process that had just started saw a failure.
 ``StopSignals`` records such a signal instead: ``run`` then stops without consuming
-anything and exits 0. After ``serve``, until the event loop closes, a signal is logged:
-the stop is under way.
+anything and exits 0. After ``serve``, until ``run`` is over, a signal is logged: the
+stop is under way; after that, until the process ends, it is ignored.
 
 This module imports nothing heavy: the console script installs the handlers before it
 imports the rest of limitflow.
@@ -101,6 +101,21 @@ class StopSignals:
         self._handler = None
         self.closing = True
         self._on_loop()
+
+    def done(self) -> None:
+        """The run is over, its exit code decided: a stop signal from now on is ignored.
+
+        Closing the event loop would put the default actions back, and SIGTERM then
+        ended a process that had stopped cleanly with 143 (SIGINT with 130) while Python
+        finished. The loop's handlers are removed here instead, each followed at once
+        by SIG_IGN (the default action in between, for two system calls). ``restore``
+        still puts back the handlers there were before ``install``."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        for sig in SIGNALS:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
 
     def _on_loop(self) -> None:
         """This instance's handlers on the running event loop (again)."""

@@ -1272,3 +1272,47 @@ def test_a_store_not_initialized_says_what_is_missing_and_the_hint_once(
         "store: DynamoDB describe: ResourceNotFoundException: the table is missing: "
         "run `limitflow store init --store 'dynamodb://t?region=x'`"
     )
+
+
+def test_run_ignores_a_sigterm_that_comes_while_python_finishes(
+    tmp_path: Path, rules: Path
+) -> None:
+    # the console script restored the default actions when the run was over: a SIGTERM
+    # in the last moments, while Python finished, ended a clean stop with -15 (143)
+    script = textwrap.dedent(
+        """
+        import signal, sys
+        import stores.sqlite
+        from limitflow.__main__ import main
+
+        opened = stores.sqlite._open
+        def _open(path):
+            db = opened(path)
+            signal.raise_signal(signal.SIGTERM)  # stop before consuming: exit 0
+            return db
+        stores.sqlite._open = _open
+        code = main()
+        signal.raise_signal(signal.SIGTERM)  # the run is over; Python is finishing
+        signal.raise_signal(signal.SIGINT)
+        print("finished", code, file=sys.stderr)
+        sys.exit(code)
+        """
+    )
+    err = tmp_path / "stderr"
+    with open(err, "wb") as sink:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-c", script, "run"),
+                *("--bootstrap-servers", f"127.0.0.1:{_closed_port()}", "--group-id", "g"),
+                *("--input-topic", "in", "--output-topic", "out", "--dead-letter-topic", "dead"),
+                *("--rules", str(rules), "--log-format", "text"),
+                *("--store", f"sqlite:///{tmp_path / 'state.db'}"),
+            ],
+            cwd=tmp_path,
+            stdout=sink,
+            stderr=sink,
+        )
+    code, log = _stopped(proc, err)
+    assert code == 0, log
+    assert "nothing was consumed" in log
+    assert "finished 0" in log
