@@ -101,6 +101,9 @@ class VelocityConsumer:
         self._revoking = False
         self._stop_requested_at: float | None = None
         self._positions: dict[TopicPartition, int] = {}
+        self._owned: set[TopicPartition] = set()
+        """Partitions between their ``partitions_assigned`` (taken over) and their
+        ``partitions_revoked``: the only ones whose records are decided."""
         self._lag_asked = 0.0
         self._failure: BaseException | None = None
         """A non-retriable error met in a rebalance callback, for ``run`` to raise."""
@@ -145,7 +148,14 @@ class VelocityConsumer:
                 if batch:
                     self._brokers_answered()
                     async with self._batch_lock:
-                        await self._handle(batch)
+                        # a poll that waited while the group rebalanced may return records
+                        # of partitions revoked meanwhile: another member's now. Deciding
+                        # them took them back for a batch (under exactly-once, fencing the
+                        # new owner's producer), and the lag metric of a partition no
+                        # longer assigned then crashed `run` (aiokafka's assertion)
+                        owned = {tp: recs for tp, recs in batch.items() if tp in self._owned}
+                        if owned:
+                            await self._handle(owned)
                 else:
                     await self._probe_brokers()
                 self._update_lag()
@@ -191,6 +201,7 @@ class VelocityConsumer:
             self._interrupt.set()
         try:
             async with self._batch_lock:
+                self._owned -= revoked
                 await self.output.on_revoked(revoked)
         finally:
             self._revoking = False
@@ -226,7 +237,9 @@ class VelocityConsumer:
                 self._interrupt.set()
                 self._wake.set()
                 return
-            self.consumer.resume(*(assigned & self.consumer.assignment()))
+            still = assigned & self.consumer.assignment()
+            self._owned |= still
+            self.consumer.resume(*still)
         log.info("partitions assigned", extra={"partitions": _names(assigned)})
 
     # -- one batch ----------------------------------------------------------------
@@ -277,6 +290,8 @@ class VelocityConsumer:
             for tp in done:
                 self._positions[tp] = offsets[tp]
             self._rewind({tp: recs for tp, recs in batch.items() if tp not in done}, exc)
+            if isinstance(exc, PartitionLost):
+                self._rejoin({tp for tp in batch if tp not in done})
             return
         self.metrics.commits.inc()
         self._count_results(results)
@@ -314,6 +329,23 @@ class VelocityConsumer:
                 "reason": str(why),
                 "first_offsets": _offsets({tp: r[0].offset for tp, r in batch.items()}),
             },
+        )
+
+    def _rejoin(self, lost: set[TopicPartition]) -> None:
+        """Another member has taken ``lost`` over (it fenced this member's producer, or
+        the group refused this member's commit): this member's session ended while it
+        ran, and until its next heartbeat told it so (a third of the session timeout)
+        it went on reading them and, under exactly-once, fencing the new owner's
+        producer in turn, batch after batch, each side abandoning its own (17 batches
+        each in 20 s in a test). They are paused now, and the member rejoins the group
+        at once: its new assignment says what is its own (and resumes it)."""
+        self.consumer.pause(*(lost & self.consumer.assignment()))
+        coordinator = getattr(self.consumer, "_coordinator", None)  # aiokafka's own
+        if coordinator is not None:
+            coordinator.request_rejoin()
+        log.warning(
+            "partitions taken over by another member: paused, rejoining the group",
+            extra={"partitions": _names(frozenset(lost))},
         )
 
     async def _retrying(
@@ -481,7 +513,10 @@ class VelocityConsumer:
             self.health.set(ConsumerState.RUNNING)
 
     def _update_lag(self) -> None:
+        assigned = self.consumer.assignment()
         for tp, position in self._positions.items():
+            if tp not in assigned:  # aiokafka asserts on one no longer assigned
+                continue
             highwater = self.consumer.highwater(tp)
             if highwater is not None:
                 self.metrics.lag.labels(str(tp.partition)).set(max(0, highwater - position))

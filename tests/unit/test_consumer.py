@@ -219,6 +219,29 @@ async def test_partitions_committed_before_another_is_lost_are_not_read_again() 
     assert runner._positions[kept] == 103
 
 
+async def test_a_member_whose_partition_was_taken_over_pauses_it_and_rejoins_at_once() -> None:
+    # a member whose session had ended went on reading the partition another member now
+    # owned until its next heartbeat, each fencing the other's producer batch after batch
+    class Coordinator:
+        rejoins = 0
+
+        def request_rejoin(self) -> None:
+            self.rejoins += 1
+
+    consumer = _Seeking()
+    consumer._coordinator = Coordinator()  # type: ignore[attr-defined]
+    kept, lost = TopicPartition("in", 0), TopicPartition("in", 1)
+    consumer.assigned = {kept, lost}
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.output = _LosesOnePartition(lost)
+    batch = {tp: [_Record(tp, n) for n in range(100, 103)] for tp in (kept, lost)}
+    await runner._handle(batch)  # type: ignore[arg-type]
+    assert consumer.paused == {lost}
+    assert consumer._coordinator.rejoins == 1  # type: ignore[attr-defined]
+    await runner.partitions_assigned(frozenset({kept, lost}))  # the rejoin's assignment
+    assert consumer.paused == set()
+
+
 class _Rebalancing(_Consumer):
     """aiokafka's getmany while the group rebalances: it waits for the new assignment,
     whatever its timeout (for ever, when the brokers went away during the join)."""
@@ -237,3 +260,54 @@ async def test_a_stop_during_a_rebalance_that_never_ends_is_heeded() -> None:
     runner.request_stop()
     await asyncio.wait_for(loop, 2)
     assert runner.health.state is ConsumerState.STOPPED
+
+
+class _Recording(Output):
+    """An output that takes any partition over and records what it is given to deliver."""
+
+    def __init__(self) -> None:
+        self.delivered: list[TopicPartition] = []
+
+    async def deliver(self, batch: Any, offsets: Any, done: set[TopicPartition]) -> None:
+        self.delivered.extend(batch)
+        done.update(batch)
+
+
+class _ReturnsAfterARevocation(_Consumer):
+    """aiokafka's getmany that was waiting when the group began to rebalance: it returns
+    the old assignment's records after ``partitions_revoked`` has run."""
+
+    def __init__(self, tp: TopicPartition) -> None:
+        super().__init__()
+        self.tp = tp
+        self.revoked = asyncio.Event()
+        self.returned = False
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+        if self.returned:
+            return await super().getmany(timeout_ms, max_records)
+        await self.revoked.wait()
+        self.returned = True
+        return {self.tp: [_Record(self.tp, 100)]}
+
+
+async def test_records_of_a_partition_revoked_while_polling_are_not_decided() -> None:
+    # they were: the member took the partition back for a batch (under exactly-once its
+    # new producer fenced the new owner's), and then the lag of a partition no longer
+    # assigned raised aiokafka's "Partition is not assigned", ending `run` with exit 1
+    tp = TopicPartition("in", 0)
+    consumer = _ReturnsAfterARevocation(tp)
+    consumer.assigned = {tp}
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.output = output = _Recording()
+    await runner.partitions_assigned(frozenset({tp}))
+    loop = asyncio.create_task(runner.run())
+    await asyncio.sleep(0.05)  # polling
+    await runner.partitions_revoked(frozenset({tp}))
+    consumer.assigned = set()  # the rebalance's new assignment, without it
+    consumer.revoked.set()
+    await asyncio.sleep(0.05)
+    runner.request_stop()
+    await asyncio.wait_for(loop, 5)
+    assert consumer.returned
+    assert output.delivered == []
