@@ -125,12 +125,32 @@ class KafkaClientThrottle(logging.Filter):
         return True
 
 
+def unseen_fence(record: logging.LogRecord) -> bool:
+    """False for asyncio's report of a fenced producer's failure that no one retrieved.
+
+    aiokafka sets a fenced transactional producer's failure on futures of its own (the
+    transaction's waiter, its batches' drain waiters) that no one awaits once the producer
+    is discarded; asyncio then logged each, when collected, at ERROR with a traceback:
+    ~20 such lines for one partition taken over, while ``run`` has handled the fence and
+    said so ("batch abandoned …: partition ownership lost: ProducerFenced")."""
+    if record.name != "asyncio" or not record.exc_info or record.exc_info[1] is None:
+        return True
+    exc = record.exc_info[1]
+    return not (
+        str(record.msg).startswith("Future exception was never retrieved")
+        and type(exc).__module__.startswith("aiokafka")
+        and type(exc).__name__ in ("ProducerFenced", "InvalidProducerEpoch")
+    )
+
+
 def configure_logging(level: str, fmt: str) -> None:
     """Send every log record to stderr as JSON (``fmt="json"``) or plain text, aiokafka's
-    repeated ones throttled (``KafkaClientThrottle``)."""
+    repeated ones throttled (``KafkaClientThrottle``), asyncio's reports of fences
+    already handled left out (``unseen_fence``)."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(KafkaClientThrottle())
+    handler.addFilter(unseen_fence)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 from typing import Any
 
-from streams.ops import KafkaClientThrottle, TextFormatter
+from streams.ops import KafkaClientThrottle, TextFormatter, unseen_fence
 
 
 def _record(name: str, msg: str, *args: object, **extra: object) -> logging.LogRecord:
@@ -50,3 +52,34 @@ def test_a_message_that_is_not_a_string_is_throttled_too() -> None:
     unhashable: Any = {"node": 111}
     assert throttle.filter(_record("aiokafka", unhashable))
     assert not throttle.filter(_record("aiokafka", unhashable))
+
+
+def test_asyncio_reporting_a_fence_run_has_handled_is_left_out() -> None:
+    # a partition taken over logged ~20 "Future exception was never retrieved" errors
+    # with ProducerFenced tracebacks: aiokafka's own futures of the discarded producer
+    from aiokafka.errors import ProducerFenced  # type: ignore[import-untyped]
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    async def unretrieved(exc: BaseException) -> None:
+        asyncio.get_running_loop().create_future().set_exception(exc)
+
+    handler = Keep()
+    handler.addFilter(unseen_fence)
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    try:
+        for exc in (ProducerFenced(), RuntimeError("one that no one handled")):
+            asyncio.run(unretrieved(exc))
+            gc.collect()
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage().splitlines()[0] for r in records] == [
+        "Future exception was never retrieved"
+    ]
+    assert records[0].exc_info is not None
+    assert isinstance(records[0].exc_info[1], RuntimeError)
