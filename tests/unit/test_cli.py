@@ -1164,6 +1164,17 @@ def test_run_stops_on_a_sigterm_that_comes_while_its_sqlite_store_opens(
     # sqlite's open holds the event loop; a SIGTERM meanwhile reached the loop's handler
     # (StopSignals') only after serve() had replaced it and looked for a signal already
     # received: serve never saw it, and `run` went on to wait for Kafka and consume
+    code, log = _run_sigterm_as_sqlite_opens(tmp_path, rules, "sys.exit(main())")
+    assert code == 0, log
+    assert "received SIGTERM" in log
+    assert "nothing was consumed" in log
+    assert "cannot reach Kafka" not in log  # stopped before the first try
+    assert "Traceback" not in log
+
+
+def _run_sigterm_as_sqlite_opens(tmp_path: Path, rules: Path, then: str) -> tuple[int, str]:
+    """Exit code and log of ``run`` in a process that raises SIGTERM while the sqlite
+    store opens (holding the event loop), then runs ``then``, which calls ``main()``."""
     script = textwrap.dedent(
         """
         import signal, sys
@@ -1176,9 +1187,8 @@ def test_run_stops_on_a_sigterm_that_comes_while_its_sqlite_store_opens(
             signal.raise_signal(signal.SIGTERM)  # while the open holds the loop
             return db
         stores.sqlite._open = _open
-        sys.exit(main())
         """
-    )
+    ) + textwrap.dedent(then)
     err = tmp_path / "stderr"
     with open(err, "wb") as sink:
         proc = subprocess.Popen(
@@ -1193,12 +1203,7 @@ def test_run_stops_on_a_sigterm_that_comes_while_its_sqlite_store_opens(
             stdout=sink,
             stderr=sink,
         )
-    code, log = _stopped(proc, err)
-    assert code == 0, log
-    assert "received SIGTERM" in log
-    assert "nothing was consumed" in log
-    assert "cannot reach Kafka" not in log  # stopped before the first try
-    assert "Traceback" not in log
+    return _stopped(proc, err)
 
 
 def test_topics_create_with_no_broker_there_says_so_in_one_line(tmp_path: Path) -> None:
@@ -1279,40 +1284,14 @@ def test_run_ignores_a_sigterm_that_comes_while_python_finishes(
 ) -> None:
     # the console script restored the default actions when the run was over: a SIGTERM
     # in the last moments, while Python finished, ended a clean stop with -15 (143)
-    script = textwrap.dedent(
-        """
-        import signal, sys
-        import stores.sqlite
-        from limitflow.__main__ import main
-
-        opened = stores.sqlite._open
-        def _open(path):
-            db = opened(path)
-            signal.raise_signal(signal.SIGTERM)  # stop before consuming: exit 0
-            return db
-        stores.sqlite._open = _open
-        code = main()
+    then = """
+        code = main()  # stopped before consuming: 0
         signal.raise_signal(signal.SIGTERM)  # the run is over; Python is finishing
         signal.raise_signal(signal.SIGINT)
         print("finished", code, file=sys.stderr)
         sys.exit(code)
         """
-    )
-    err = tmp_path / "stderr"
-    with open(err, "wb") as sink:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-c", script, "run"),
-                *("--bootstrap-servers", f"127.0.0.1:{_closed_port()}", "--group-id", "g"),
-                *("--input-topic", "in", "--output-topic", "out", "--dead-letter-topic", "dead"),
-                *("--rules", str(rules), "--log-format", "text"),
-                *("--store", f"sqlite:///{tmp_path / 'state.db'}"),
-            ],
-            cwd=tmp_path,
-            stdout=sink,
-            stderr=sink,
-        )
-    code, log = _stopped(proc, err)
+    code, log = _run_sigterm_as_sqlite_opens(tmp_path, rules, then)
     assert code == 0, log
     assert "nothing was consumed" in log
     assert "finished 0" in log

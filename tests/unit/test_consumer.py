@@ -209,14 +209,23 @@ async def test_partitions_committed_before_another_is_lost_are_not_read_again() 
     # then partition 1's was fenced. Sending partition 0 back to the batch's start made
     # the next batch publish its verdicts again, a second time for read_committed readers.
     consumer = _Seeking()
+    runner, kept, lost = await _one_of_two_lost(consumer)
+    assert consumer.seeks == {lost: 100}
+    assert runner._positions[kept] == 103
+
+
+async def _one_of_two_lost(
+    consumer: _Seeking,
+) -> tuple[VelocityConsumer, TopicPartition, TopicPartition]:
+    """A runner on ``consumer`` that decided a batch of two partitions, offsets 100-102:
+    ``kept``'s committed, then ``lost``'s transaction was fenced."""
     kept, lost = TopicPartition("in", 0), TopicPartition("in", 1)
     consumer.assigned = {kept, lost}
     runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
     runner.output = _LosesOnePartition(lost)
     batch = {tp: [_Record(tp, n) for n in range(100, 103)] for tp in (kept, lost)}
     await runner._handle(batch)  # type: ignore[arg-type]
-    assert consumer.seeks == {lost: 100}
-    assert runner._positions[kept] == 103
+    return runner, kept, lost
 
 
 async def test_a_member_whose_partition_was_taken_over_pauses_it_and_rejoins_at_once() -> None:
@@ -230,12 +239,7 @@ async def test_a_member_whose_partition_was_taken_over_pauses_it_and_rejoins_at_
 
     consumer = _Seeking()
     consumer._coordinator = Coordinator()  # type: ignore[attr-defined]
-    kept, lost = TopicPartition("in", 0), TopicPartition("in", 1)
-    consumer.assigned = {kept, lost}
-    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
-    runner.output = _LosesOnePartition(lost)
-    batch = {tp: [_Record(tp, n) for n in range(100, 103)] for tp in (kept, lost)}
-    await runner._handle(batch)  # type: ignore[arg-type]
+    runner, kept, lost = await _one_of_two_lost(consumer)
     assert consumer.paused == {lost}
     assert consumer._coordinator.rejoins == 1  # type: ignore[attr-defined]
     await runner.partitions_assigned(frozenset({kept, lost}))  # the rejoin's assignment
