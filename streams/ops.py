@@ -130,9 +130,10 @@ def unseen_fence(record: logging.LogRecord) -> bool:
 
     aiokafka sets a fenced transactional producer's failure on futures of its own (the
     transaction's waiter, its batches' drain waiters) that no one awaits once the producer
-    is discarded; asyncio then logged each, when collected, at ERROR with a traceback:
-    ~20 such lines for one partition taken over, while ``run`` has handled the fence and
-    said so ("batch abandoned …: partition ownership lost: ProducerFenced")."""
+    is discarded; asyncio then logged each, when collected, at ERROR with a traceback
+    (1-2 lines a takeover, 21-23 while members fenced each other until a heartbeat),
+    while ``run`` has handled the fence and said so ("batch abandoned …: partition
+    ownership lost: ProducerFenced")."""
     if record.name != "asyncio" or not record.exc_info or record.exc_info[1] is None:
         return True
     exc = record.exc_info[1]
