@@ -26,6 +26,7 @@ from operator import attrgetter
 from typing import Final, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition  # type: ignore[import-untyped]
+from aiokafka.coordinator.protocol import ConsumerProtocol  # type: ignore[import-untyped]
 from aiokafka.errors import IllegalStateError, KafkaError  # type: ignore[import-untyped]
 from aiokafka.structs import ConsumerRecord  # type: ignore[import-untyped]
 
@@ -61,6 +62,41 @@ class BatchAbandoned(Exception):
 def is_retriable(exc: BaseException) -> bool:
     """Whether trying the same step again may succeed: by type, never by message."""
     return isinstance(exc, LimitflowError) and exc.retriable
+
+
+_EMPTY_ASSIGNMENT: Final = ConsumerProtocol.ASSIGNMENT(0, [], b"").encode()
+"""An assignment of no partitions, as the consumer protocol encodes it."""
+
+
+def tolerate_empty_assignments(consumer: AIOKafkaConsumer) -> None:
+    """Read an assignment of zero bytes as one of no partitions, before ``consumer``
+    joins its group (it must be started, not subscribed yet).
+
+    Apache Kafka's classic coordinator sends a member empty bytes when the leader's
+    SyncGroup left it out (a member it did not know of when it assigned); noida-db sent
+    them once in a chaos test. aiokafka 0.14 fails to decode them, and its coordination
+    task, then ``getmany``, raise: ``run`` exited 1. Kafka 0.10 sent null for the same
+    thing, and other clients (brod, kafkajs) read both as no partitions. So does this
+    member now: the leader gave every partition to the members it knew, and the next
+    rebalance (any member joining or leaving) gives this one its share."""
+    coordinator = getattr(consumer, "_coordinator", None)  # aiokafka's own
+    if coordinator is None:
+        return
+    on_join_complete = coordinator._on_join_complete
+
+    async def read_empty_as_none(
+        generation: int, member_id: str, protocol: str, assignment: bytes
+    ) -> None:
+        if not assignment:
+            log.warning(
+                "the group coordinator sent no assignment: holding no partitions until "
+                "the next rebalance",
+                extra={"generation": generation},
+            )
+            assignment = _EMPTY_ASSIGNMENT
+        await on_join_complete(generation, member_id, protocol, assignment)
+
+    coordinator._on_join_complete = read_empty_as_none
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -116,6 +152,7 @@ class VelocityConsumer:
     # -- life cycle ---------------------------------------------------------------
 
     def subscribe(self) -> None:
+        tolerate_empty_assignments(self.consumer)
         self.consumer.subscribe([self.settings.kafka.input_topic], listener=_Listener(self))
 
     def request_stop(self, *, now: bool = False) -> None:

@@ -128,9 +128,11 @@ def account_key(raw: bytes | None) -> bytes | None:
 # -- the command ----------------------------------------------------------------------
 
 
-def limitflow(*argv: str, env: dict[str, str] | None = None, **kw: Any) -> subprocess.Popen[bytes]:
+def limitflow(
+    *argv: str, env: dict[str, str] | None = None, module: str = "limitflow", **kw: Any
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "limitflow", *argv],
+        [sys.executable, "-m", module, *argv],
         env={**os.environ, **(env or {})},
         cwd=REPO,
         **kw,
@@ -193,7 +195,10 @@ class Setup:
         group: str | None = None,
         store: str | None = None,
         env: dict[str, str] | None = None,
+        module: str = "limitflow",
     ) -> subprocess.Popen[bytes]:
+        """``limitflow run`` on this set-up (``module``: ``python -m`` what, for a
+        script that runs it with a fault injected)."""
         index = len(self.runs)
         with open(self.tmp / f"run-{index}.log", "wb") as log:
             proc = limitflow(
@@ -213,6 +218,7 @@ class Setup:
                 "2000",
                 *extra,
                 env=env,
+                module=module,
                 stdout=log,
                 stderr=log,
             )
@@ -549,23 +555,48 @@ async def test_topic_replayed_from_zero_under_a_new_group_changes_nothing(setup:
     assert counters(setup.store) == before
 
 
+def _assigned(setup: Setup, index: int) -> bool:
+    """Whether run ``index`` has logged an assignment of some partitions."""
+    return any(
+        json.loads(x).get("msg") == "partitions assigned" and json.loads(x)["partitions"]
+        for x in setup.log(index).splitlines()
+        if x.startswith("{")
+    )
+
+
 async def test_two_consumers_in_one_group_split_the_work(setup: Setup) -> None:
     lines = make_events(1200, seed=4)
     a = setup.run("--batch-size", "50")
     b = setup.run("--batch-size", "50")
-
-    def assigned(index: int) -> bool:
-        return any(
-            json.loads(x).get("msg") == "partitions assigned" and json.loads(x)["partitions"]
-            for x in setup.log(index).splitlines()
-            if x.startswith("{")
-        )
-
-    wait_for(lambda: assigned(0) and assigned(1), 60, "both members to get partitions")
+    wait_for(lambda: _assigned(setup, 0) and _assigned(setup, 1), 60, "both to get partitions")
     sources = await produce(setup.bootstrap, setup.topics[0], lines)
     await check_against_replay(setup, lines, sources)
     assert setup.stop(a) == 0
     assert setup.stop(b) == 0
+
+
+async def test_an_empty_assignment_holds_no_partitions_until_the_next_rebalance(
+    setup: Setup,
+) -> None:
+    """A SyncGroup response with empty assignment bytes (see ``tests.blank_assignment``)
+    made aiokafka fail to decode it and ``run`` exit 1; it is read as no partitions."""
+    lines = make_events(600, seed=9)
+    a = setup.run("--batch-size", "50", module="tests.blank_assignment")
+    wait_for(
+        lambda: "no assignment" in setup.log(0) or a.poll() is not None,
+        60,
+        "the member to be given empty assignment bytes",
+    )
+    time.sleep(1)
+    assert a.poll() is None, setup.log(0)
+    assert "blanking the first assignment" in setup.log(0)
+    assert not _assigned(setup, 0)
+    b = setup.run("--batch-size", "50")  # a second member: the group rebalances
+    wait_for(lambda: _assigned(setup, 0) and _assigned(setup, 1), 60, "both to get partitions")
+    sources = await produce(setup.bootstrap, setup.topics[0], lines)
+    await check_against_replay(setup, lines, sources)
+    assert setup.stop(a) == 0, setup.log(0)
+    assert setup.stop(b) == 0, setup.log(1)
 
 
 async def test_bad_input_only_goes_to_the_dead_letter_topic(setup: Setup) -> None:

@@ -1,0 +1,39 @@
+"""``python -m tests.blank_assignment run …``: ``limitflow run`` whose first group
+assignment arrives empty (zero bytes), as a Kafka-protocol broker may send it.
+
+Apache Kafka's classic group coordinator gives a member empty bytes when the leader's
+SyncGroup left it out (it fills in "empty assignments for members" it was not told
+about), and noida-db did so once in a chaos test: aiokafka then failed to decode them and
+``limitflow run`` exited 1. The brokers the tests run do not do it on demand, so this
+script makes the coordinator's first completed join return empty bytes, exactly what
+such a SyncGroup response carries, and runs the real command line against the real
+broker: everything after the SyncGroup response is limitflow's and aiokafka's own code.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from aiokafka.consumer import group_coordinator  # type: ignore[import-untyped]
+
+_join = group_coordinator.CoordinatorGroupRebalance.perform_group_join
+_blanked: list[bool] = []
+
+
+async def _first_join_blank(self: Any) -> Any:
+    result = await _join(self)
+    if result is not None and not _blanked:
+        _blanked.append(True)
+        protocol, _ = result
+        print("blanking the first assignment", file=sys.stderr, flush=True)
+        return protocol, b""
+    return result
+
+
+group_coordinator.CoordinatorGroupRebalance.perform_group_join = _first_join_blank
+
+if __name__ == "__main__":
+    from limitflow.__main__ import main
+
+    sys.exit(main())
