@@ -54,6 +54,7 @@ from limitflow.settings import (
 )
 from schemas.rules import RulesError, RuleSet, load_rules
 from stores.base import Store
+from streams.consumer import tolerate_empty_assignments
 from streams.engine import Engine, Record, Result, fewer_collections
 from streams.output import Message, batch_bytes, compression_type, messages, send_all
 
@@ -256,6 +257,14 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         # this attribute when the consumer starts and builds its fetcher from it
         consumer._fetch_max_wait_ms = cast(LimitflowApp, self.app).limitflow.fetch_max_wait_ms
         return consumer
+
+    async def on_start(self) -> None:
+        """faust's, then a group assignment of zero bytes is read as no partitions (see
+        ``streams.consumer.tolerate_empty_assignments``): aiokafka's coordination task
+        failed on it, and the worker, still up, was left in no group (90 s in a test).
+        faust subscribes after this start, so the first join is read so too."""
+        await super().on_start()
+        tolerate_empty_assignments(self._consumer)
 
     async def _commit(self, offsets: Any) -> bool:
         """faust's commit, bounded: aiokafka retries a commit without end while the group

@@ -1,4 +1,5 @@
-"""``python -m tests.blank_assignment run …``: ``limitflow run`` whose first group
+"""``python -m tests.blank_assignment limitflow run …`` (or ``… faust -A
+streams.faust_app worker …``): ``limitflow run`` (or the faust worker) whose first group
 assignment arrives empty (zero bytes), as a Kafka-protocol broker may send it.
 
 Apache Kafka's classic group coordinator gives a member empty bytes when the leader's
@@ -7,7 +8,8 @@ about), and noida-db did so once in a chaos test: aiokafka then failed to decode
 ``limitflow run`` exited 1. The brokers the tests run do not do it on demand, so this
 script makes the coordinator's first completed join return empty bytes, exactly what
 such a SyncGroup response carries, and runs the real command line against the real
-broker: everything after the SyncGroup response is limitflow's and aiokafka's own code.
+broker: everything after the SyncGroup response is limitflow's, faust's and aiokafka's
+own code.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ async def _first_join_blank(self: Any) -> Any:
 group_coordinator.CoordinatorGroupRebalance.perform_group_join = _first_join_blank
 
 if __name__ == "__main__":
+    program = sys.argv.pop(1)
+    if program == "faust":
+        from faust.cli.faust import cli
+
+        sys.exit(cli())
     from limitflow.__main__ import main
 
     sys.exit(main())

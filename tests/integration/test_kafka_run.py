@@ -132,7 +132,7 @@ def limitflow(
     *argv: str, env: dict[str, str] | None = None, module: str = "limitflow", **kw: Any
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", module, *argv],
+        [sys.executable, "-m", *module.split(), *argv],
         env={**os.environ, **(env or {})},
         cwd=REPO,
         **kw,
@@ -197,8 +197,8 @@ class Setup:
         env: dict[str, str] | None = None,
         module: str = "limitflow",
     ) -> subprocess.Popen[bytes]:
-        """``limitflow run`` on this set-up (``module``: ``python -m`` what, for a
-        script that runs it with a fault injected)."""
+        """``limitflow run`` on this set-up (``module``: ``python -m`` what, and its
+        first arguments: a script that runs it with a fault injected)."""
         index = len(self.runs)
         with open(self.tmp / f"run-{index}.log", "wb") as log:
             proc = limitflow(
@@ -581,7 +581,7 @@ async def test_an_empty_assignment_holds_no_partitions_until_the_next_rebalance(
     """A SyncGroup response with empty assignment bytes (see ``tests.blank_assignment``)
     made aiokafka fail to decode it and ``run`` exit 1; it is read as no partitions."""
     lines = make_events(600, seed=9)
-    a = setup.run("--batch-size", "50", module="tests.blank_assignment")
+    a = setup.run("--batch-size", "50", module="tests.blank_assignment limitflow")
     wait_for(
         lambda: "no assignment" in setup.log(0) or a.poll() is not None,
         60,
