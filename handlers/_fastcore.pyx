@@ -1,14 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""The payment path of ``handlers.decide``, compiled: plan and decide a new payment.
+"""The hot path of ``handlers.decide``, compiled: plan and decide a new payment or reversal.
 
 ``handlers.decide`` is the reference and the whole core; this module is a faster twin of
-its hot path only (``Decider.plan`` and ``Decider._payment``), used when the extension is
-built. It writes the verdict's JSON itself, byte for byte what msgspec writes for the
-``Verdict`` struct, instead of building a struct per applicable rule. Anything else (a
-duplicate, a reversal) and anything unusual (a scope or match field that is not a
-string, a long key, a number past 62 bits) goes to the Python path, so the two never
-differ on an edge case: ``tests/unit/test_fastcore.py`` decides the same streams both
-ways and compares every byte. It reads and writes the attributes of the event and of the
+its hot path only (``Decider.plan``, ``Decider._payment`` and ``Decider._reversal``),
+used when the extension is built. It writes the verdict's JSON itself, byte for byte
+what msgspec writes for the ``Verdict`` struct, instead of building a struct per
+applicable rule. Anything else (a resend) and anything unusual (a scope or match field
+that is not a string, a long key, a number past 62 bits, a reversal's amount to read in
+the original's currency or bucket not as its payment left it) goes to the Python path,
+so the two never differ on an edge case: ``tests/unit/test_fastcore.py`` decides the
+same streams both ways and compares every byte. It reads and writes the attributes of the event and of the
 state records in their slots (``handlers._slots.Field``), as Python's member descriptors
 do, without the attribute lookup each time.
 """
@@ -96,6 +97,17 @@ cdef Field _S_BUCKETS = Field(Snapshot, "buckets")
 cdef Field _S_ACCOUNTS = Field(Snapshot, "accounts")
 cdef Field _S_EVENTS = Field(Snapshot, "events")
 cdef Field _S_EXPIRED = Field(Snapshot, "expired_events")
+cdef Field _E_REVERSED_ID = Field(Event, "original_event_id")
+cdef Field _E_AMOUNT_DECIMAL = Field(Event, "amount_decimal")
+cdef Field _R_TYPE = Field(EventRecord, "type")
+cdef Field _R_ACCOUNT = Field(EventRecord, "account_id")
+cdef Field _R_ACCEPTED = Field(EventRecord, "accepted")
+cdef Field _R_AMOUNT = Field(EventRecord, "amount")
+cdef Field _R_CURRENCY = Field(EventRecord, "currency")
+cdef Field _R_REVERSED = Field(EventRecord, "reversed")
+cdef Field _R_BUCKET_KEYS = Field(EventRecord, "buckets")
+cdef Field _R_BORN_OF = Field(EventRecord, "born")
+cdef Field _B_BORN_OF = Field(Bucket, "born")
 cdef Field _C_FAST = None
 """``_CompiledRule.fast``, set by the first ``FastCore`` (handlers.decide imports this
 module before it defines the class)."""
@@ -133,6 +145,11 @@ cdef object _TRANSACTION = Window.TRANSACTION
 cdef object _ACCEPT = Decision.ACCEPT
 cdef object _REJECT = Decision.REJECT
 cdef object _LIMIT_EXCEEDED = Reason.LIMIT_EXCEEDED
+cdef object _ORIGINAL_NOT_FOUND = Reason.ORIGINAL_NOT_FOUND
+cdef object _ORIGINAL_NOT_ACCEPTED = Reason.ORIGINAL_NOT_ACCEPTED
+cdef object _ALREADY_REVERSED = Reason.ALREADY_REVERSED
+cdef object _REVERSAL_EXCEEDS = Reason.REVERSAL_EXCEEDS_ORIGINAL
+cdef object _REVERSAL = EventType.REVERSAL
 cdef object _json_text = msgspec.json.encode
 
 cdef const char* _PAIRS = (
@@ -398,6 +415,8 @@ cdef class FastCore:
     buffers of the verdict being written from one payment to the next."""
 
     cdef tuple rules
+    cdef dict by_id
+    """Each rule's ``_Rule`` by its id: what a reversal's released buckets explain."""
     cdef dict by_currency
     cdef list clocks
     cdef long long* minutes
@@ -440,6 +459,7 @@ cdef class FastCore:
             c.fast = rule
             rules.append(rule)
         self.rules = tuple(rules)
+        self.by_id = {(<_Rule>r).compiled.rule.id: r for r in rules}
         self.minutes = <long long*>malloc(sizeof(long long) * (len(self.clocks) + 1))
         if self.minutes == NULL:
             raise MemoryError()
@@ -565,15 +585,19 @@ cdef class FastCore:
         return tuple(applied)
 
     def decide(self, event, tuple applied, state):
-        """``Decider.decide``: a new payment here, anything else by the Python path."""
-        if (
-            _E_TYPE.get(event) is not _PAYMENT
-            or _E_ID.get(event) in <dict?>_S_EVENTS.get(_W_SNAPSHOT.get(state))
-        ):
+        """``Decider.decide``: a new payment or reversal here, anything else (a resend,
+        and what the compiled path does not take) by the Python path."""
+        if _E_ID.get(event) in <dict?>_S_EVENTS.get(_W_SNAPSHOT.get(state)):
             return self.python_decide(event, applied, state)
-        outcome = self._payment(event, applied, state)
+        kind = _E_TYPE.get(event)
+        if kind is _PAYMENT:
+            outcome = self._payment(event, applied, state)
+            if outcome is None:
+                return self.python_payment(event, applied, state)
+            return outcome
+        outcome = self._reversal(event, state) if kind is _REVERSAL else None
         if outcome is None:
-            return self.python_payment(event, applied, state)
+            return self.python_decide(event, applied, state)
         return outcome
 
     cdef object _payment(self, event, tuple applied, state):
@@ -762,6 +786,208 @@ cdef class FastCore:
         events[event_id] = record
         PyDict_SetItem(<dict?>_W_DIRTY_EVENTS.get(state), event_id, record)
         outcome = lf_tuple_of(self.outcome_type, 6)
+        for i, value in enumerate((self.verdict_kind, encoded, decision, reason, None, None)):
+            Py_INCREF(value)
+            PyTuple_SET_ITEM(outcome, i, value)
+        return outcome
+
+    cdef object _reversal(self, event, state):
+        """``Decider._reversal`` of a new reversal; None, with nothing changed, for what
+        the Python path decides: an amount sent without a currency where it must be read
+        in the original's (or a dead letter), a currency that differs from the
+        original's, a released bucket absent, expired, emptied or of another life, a
+        rule removed since the payment, a number past 62 bits."""
+        cdef object snapshot = _W_SNAPSHOT.get(state)
+        cdef dict events = _S_EVENTS.get(snapshot)
+        cdef dict buckets = _S_BUCKETS.get(snapshot)
+        cdef object original_id = _E_REVERSED_ID.get(event)
+        cdef object account_id = _E_ACCOUNT.get(event)
+        cdef object currency = _E_CURRENCY.get(event)
+        cdef object amount_py = _E_AMOUNT.get(event)
+        cdef object reason = None
+        cdef object original, held, r, value
+        cdef tuple keys, parts
+        cdef object born
+        cdef list periods, rules, released
+        cdef long long amount = 0, left = 0, count, used
+        cdef Py_ssize_t n = 0, i
+        cdef bint known = amount_py is not None
+        cdef bint fully = False
+        cdef _Out out
+        if original_id is None or not (amount_py is None or _small(amount_py)):
+            return None
+        if known:
+            amount = amount_py
+        original = events.get(original_id)
+        if (
+            original is None
+            or _R_TYPE.get(original) is not _PAYMENT
+            or _R_ACCOUNT.get(original) != account_id
+        ):
+            reason = _ORIGINAL_NOT_FOUND
+            if known and currency is None:
+                return None
+        elif not _R_ACCEPTED.get(original):
+            if _E_AMOUNT_DECIMAL.get(event) is not None:
+                return None  # read in the original's currency (or a dead letter)
+            reason = _ORIGINAL_NOT_ACCEPTED
+            if currency is None:
+                currency = _R_CURRENCY.get(original)
+            if known and currency is None:
+                return None
+        else:
+            if currency is not None and currency != _R_CURRENCY.get(original):
+                return None  # a dead letter
+            currency = _R_CURRENCY.get(original)
+            value = _R_AMOUNT.get(original)
+            held = _R_REVERSED.get(original)
+            if currency is None or not _small(value) or not _small(held):
+                return None
+            left = <long long>value - <long long>held
+            if not known:
+                if _E_AMOUNT_DECIMAL.get(event) is not None:
+                    return None  # read in the original's currency
+                if left < 0:
+                    return None
+                amount, known = left, True
+            if left <= 0:
+                reason = _ALREADY_REVERSED
+            elif amount > left:
+                reason = _REVERSAL_EXCEEDS
+
+        if reason is None:
+            # every bucket first, nothing changed until each is one the compiled path
+            # releases from as the Python path would
+            keys = tuple(_R_BUCKET_KEYS.get(original))
+            born = _R_BORN_OF.get(original) or ()
+            n = len(keys)
+            if n > 1 and len(set(keys)) != n:
+                return None
+            periods, rules = [], []
+            for i in range(n):
+                if type(keys[i]) is not str:
+                    return None
+                held = buckets.get(keys[i])
+                if held is None:
+                    return None
+                value = _B_COUNT.get(held)
+                if not _small(value):
+                    return None
+                count = value
+                value = _B_AMOUNT.get(held)
+                if not _small(value):
+                    return None
+                used = value
+                if (count == 0 and used == 0) or (
+                    i < len(born) and born[i] and _B_BORN_OF.get(held) != born[i]
+                ):
+                    return None
+                parts = tuple((<str>keys[i]).split("|", 2))
+                if len(parts) != 3:
+                    return None
+                r = self.by_id.get(parts[0])
+                if r is None or not (<_Rule>r).usable:
+                    return None
+                periods.append(parts[1])
+                rules.append(r)
+
+            # released
+            fully = <long long>_R_REVERSED.get(original) + amount >= <long long>_R_AMOUNT.get(
+                original
+            )
+            _R_REVERSED.set(original, _R_REVERSED.get(original) + amount)
+            PyDict_SetItem(<dict?>_W_DIRTY_EVENTS.get(state), original_id, original)
+            dirty = <dict?>_W_DIRTY_BUCKETS.get(state)
+            released = []
+            out = self.limits
+            out.size = 0
+            for i in range(n):
+                key = keys[i]
+                held = buckets[key]
+                PyDict_SetItem(dirty, key, held)
+                released.append(key)
+                used = <long long>_B_AMOUNT.get(held) - amount
+                if used < 0:
+                    used = 0
+                _B_AMOUNT.set(held, used)
+                count = _B_COUNT.get(held)
+                if fully:
+                    count = count - 1 if count > 0 else 0
+                    _B_COUNT.set(held, count)
+                self._limit(out, <_Rule>rules[i], periods[i], count, used, i)
+        else:
+            released = []
+            self.limits.size = 0
+
+        accepted = reason is None
+        accounts = _S_ACCOUNTS.get(snapshot)
+        account = accounts.get(account_id)
+        if account is None:
+            account = accounts[account_id] = Account()
+        PyDict_SetItem(<dict?>_W_DIRTY_ACCOUNTS.get(state), account_id, account)
+        seq = _A_SEQ.get(account) + 1
+        _A_SEQ.set(account, seq)
+
+        event_id = _E_ID.get(event)
+        out = self.head
+        out.size = 0
+        out.raw(b'{"event_id":', 12)
+        out.quoted(event_id)
+        out.raw(b',"account_id":', 14)
+        out.quoted(account_id)
+        if accepted:
+            out.put(b',"type":"reversal","decision":"accept","reason":null,"seq":')
+        else:
+            out.put(b',"type":"reversal","decision":"reject","reason":')
+            out.put(_json_text(reason))
+            out.put(b',"seq":')
+        if type(seq) is int and 0 <= seq < _SMALL:
+            out.integer(seq)
+        else:  # what a damaged store may hold: as msgspec writes it (inf as null, …)
+            out.put(_json_text(seq))
+        out.put(b',"violations":[],"occurred_at":')
+        out.quoted(_E_OCCURRED_AT.get(event))
+        out.put(b',"amount":')
+        if known and currency is not None:
+            out.minor(amount, MINOR_UNITS[currency])
+        else:
+            value = _E_AMOUNT_DECIMAL.get(event)
+            out.put(b"null" if value is None else _json_text(str(value)))
+        out.put(b',"currency":')
+        if currency is None:
+            out.raw(b"null", 4)
+        else:
+            out.quoted(currency)
+        out.put(b',"original_event_id":')
+        out.quoted(original_id)
+        out.put(b',"rules_version":')
+        out.put(self.version)
+        out.put(b',"limits":[')
+        out.extend(self.limits)
+        out.raw(b"]}", 2)
+        encoded = out.take()
+
+        # the idempotency record, as WorkingState.put_event stores it
+        expired = (<dict?>_S_EXPIRED.get(snapshot)).get(event_id)
+        record = EventRecord(
+            _E_FINGERPRINT.get(event),
+            account_id,
+            _REVERSAL,
+            accepted,
+            seq,
+            encoded,
+            0,
+            currency,
+            0,
+            tuple(released),
+            _E_EPOCH.get(event),
+            0 if expired is None else expired.version,
+            None if expired is None else expired.expires_at,
+        )
+        events[event_id] = record
+        PyDict_SetItem(<dict?>_W_DIRTY_EVENTS.get(state), event_id, record)
+        outcome = lf_tuple_of(self.outcome_type, 6)
+        decision = _ACCEPT if accepted else _REJECT
         for i, value in enumerate((self.verdict_kind, encoded, decision, reason, None, None)):
             Py_INCREF(value)
             PyTuple_SET_ITEM(outcome, i, value)

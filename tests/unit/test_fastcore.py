@@ -103,6 +103,132 @@ def test_the_compiled_path_is_taken_for_ordinary_payments() -> None:
     assert state.snapshot == expected.snapshot
 
 
+def _line(event_id: str, **fields: Any) -> str:
+    doc = {"event_id": event_id, "account_id": "a", "occurred_at": "2026-03-14T10:00:00Z"}
+    if fields.get("type") != "reversal":
+        doc.update(card_id="c", merchant_id="m", channel="pos")
+    return json.dumps({**doc, **fields})
+
+
+def _reversal(event_id: str, original: str, **fields: Any) -> str:
+    return _line(event_id, type="reversal", original_event_id=original, **fields)
+
+
+REVERSALS = [
+    _line("p1", amount="100.00", currency="CNY"),
+    _reversal("r1", "p1", amount="30.00", currency="CNY"),  # a part
+    _reversal("r2", "p1", amount="70.01", currency="CNY"),  # one minor unit too many
+    _reversal("r3", "p1"),  # all that is left: the count is released too
+    _reversal("r4", "p1"),  # nothing left
+    _reversal("r5", "unknown"),
+    _reversal("r6", "unknown", amount="5.00", currency="USD"),
+    _reversal("r7", "unknown", amount="1E+1"),  # shown as it was read
+    _line("p2", amount="80.00", currency="CNY"),
+    _reversal("r8", "p2", account_id="b"),  # another account's
+    _reversal("r9", "r1"),  # not a payment
+    _line("p3", amount="4000.00", currency="CNY"),  # over a limit: rejected
+    _reversal("r10", "p3"),
+    _reversal("r11", "p3", amount="7", currency="JPY"),
+    _line("p4", amount="1200", currency="JPY"),
+    _reversal("r12", "p4", amount="200", currency="JPY"),
+    _reversal("r13", "p4"),
+    _line("p5", amount="10.00", currency="CNY"),
+    _reversal("r14", "p5", amount="1.00", currency="JPY"),  # a dead letter
+    _reversal("r15", "p5", amount="0.5"),  # read in CNY
+    _reversal("r16", "p3", amount="0.5"),  # read in CNY, though not accepted
+    _reversal("r1", "p1", amount="30.00", currency="CNY"),  # a resend
+]
+"""A payment's life through reversals: every reason, and each way an amount is sent."""
+BY_PYTHON = {"r14", "r15", "r16", "r1"}
+"""Those of ``REVERSALS`` the compiled path hands to the Python path: a currency that
+differs, an amount to read in the original's currency, a resend."""
+
+
+def test_reversals_take_the_compiled_path_and_are_decided_alike() -> None:
+    from schemas.rules import load_rules
+
+    rules = load_rules(EXAMPLE_RULES)
+    assert_same(rules, REVERSALS)
+    python = Decider(rules, compiled=False)
+    asked: list[str] = []
+
+    def python_decide(event: Any, applied: Any, state: WorkingState) -> Any:
+        asked.append(event.event_id)
+        return python.decide(event, applied, state)
+
+    def no_python(*_: object) -> None:
+        raise AssertionError("an ordinary payment went to the Python path")
+
+    assert decide._fastcore is not None, "handlers._fastcore is not built"
+    fast = decide._fastcore.FastCore(
+        python._compiled,
+        python.rules.version,
+        decide.Applied,
+        decide.Outcome,
+        decide.OutcomeKind.VERDICT,
+        decide.escape,
+        decide._SHORT_KEY,
+        decide.AMOUNT_CEILING,
+        no_python,
+        python_decide,
+        no_python,
+    )
+    state = WorkingState(Snapshot())
+    reasons = []
+    for line in REVERSALS:
+        event = parse_event(line)
+        outcome = fast.decide(event, fast.plan(event), state)
+        reasons.append(None if outcome.reason is None else outcome.reason.value)
+    assert set(asked) == BY_PYTHON
+    assert reasons[1:8] == [
+        None,
+        "reversal_exceeds_original",
+        None,
+        "already_reversed",
+        "original_not_found",
+        "original_not_found",
+        "original_not_found",
+    ]
+    assert reasons[9:11] + reasons[12:14] == [
+        "original_not_found",
+        "original_not_found",
+        "original_not_accepted",
+        "original_not_accepted",
+    ]
+
+
+@pytest.mark.parametrize("case", ["absent", "empty", "another_life", "rule_removed", "damaged"])
+def test_a_reversal_of_buckets_not_as_the_payment_left_them_is_decided_alike(case: str) -> None:
+    """The compiled path hands these to the Python path before it changes anything."""
+    from schemas.rules import load_rules
+
+    rules = load_rules(EXAMPLE_RULES)
+    compiled, _ = both(rules)
+    state = WorkingState(Snapshot())
+    payment = parse_event(_line("p1", amount="100.00", currency="CNY"))
+    compiled.decide(payment, compiled.plan(payment), state)
+    snapshot = _copy(state.snapshot)
+    record = snapshot.events["p1"]
+    record.born = tuple(7 for _ in record.buckets)
+    key = record.buckets[0]
+    if case == "absent":
+        del snapshot.buckets[key]
+    elif case == "empty":
+        snapshot.buckets[key] = Bucket(0, 0, 3)
+    elif case == "another_life":
+        snapshot.buckets[key].born = 8
+    elif case == "rule_removed":
+        record.buckets = ("gone-rule|2026-03-14|a", *record.buckets)
+        record.born = (7, *record.born)
+        snapshot.buckets["gone-rule|2026-03-14|a"] = Bucket(1, 10_000, 1, born=7)
+    else:
+        snapshot.buckets[key].amount = 2**70
+    for b in snapshot.buckets.values():
+        if case != "another_life" or b is not snapshot.buckets[key]:
+            b.born = b.born or 7
+    assert_same(rules, [_reversal("r1", "p1"), _reversal("r2", "p1", amount="1.00")], snapshot)
+
+
 # -- hypothesis: rules and events built to reach every branch and every fallback ---------
 
 _TEXT = st.text(
@@ -190,14 +316,22 @@ def streams(draw: st.DrawFn) -> list[str]:
         for name in ("card_id", "merchant_id", "channel", "mcc"):
             if draw(st.booleans()):
                 doc[name] = draw(_SCALAR)
-        if draw(st.integers(min_value=0, max_value=6)) == 0:
+        if draw(st.integers(min_value=0, max_value=4)) == 0:
             doc = {
-                "event_id": f"rev{n}",
+                "event_id": draw(st.sampled_from([f"rev{n}", f"e{n}"])),
                 "type": "reversal",
-                "account_id": doc["account_id"],
-                "original_event_id": draw(st.sampled_from([f"e{k}" for k in range(n + 1)])),
+                "account_id": draw(st.sampled_from([doc["account_id"], "a1", "a2"])),
+                "original_event_id": draw(
+                    st.sampled_from([f"e{k}" for k in range(n + 1)] + [f"rev{n - 1}"])
+                ),
                 "occurred_at": doc["occurred_at"],
             }
+            # all that is left, or an amount: in a currency (the original's or another)
+            # or without one (read in the original's, where it may not fit)
+            if draw(st.booleans()):
+                doc["amount"] = draw(st.sampled_from(["1", "2", "5", "0.5", "0.001", "999"]))
+                if draw(st.booleans()):
+                    doc["currency"] = draw(st.sampled_from(_CURRENCIES))
         if draw(st.integers(min_value=0, max_value=15)) == 0:
             doc["card_id"] = "k" * 300  # a key too long for the compiled path
         lines.append(json.dumps(doc, default=str))
