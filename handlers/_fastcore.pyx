@@ -97,7 +97,10 @@ cdef Field _S_BUCKETS = Field(Snapshot, "buckets")
 cdef Field _S_ACCOUNTS = Field(Snapshot, "accounts")
 cdef Field _S_EVENTS = Field(Snapshot, "events")
 cdef Field _S_EXPIRED = Field(Snapshot, "expired_events")
-cdef Field _E_REVERSED_ID = Field(Event, "original_event_id")
+cdef Field _E_ORIGINAL = Field(Event, "original_event_id")
+cdef Field _R_BUCKETS = Field(EventRecord, "buckets")
+cdef Field _R_BORN = Field(EventRecord, "born")
+cdef Field _B_BORN = Field(Bucket, "born")
 cdef Field _E_AMOUNT_DECIMAL = Field(Event, "amount_decimal")
 cdef Field _R_TYPE = Field(EventRecord, "type")
 cdef Field _R_ACCOUNT = Field(EventRecord, "account_id")
@@ -105,9 +108,6 @@ cdef Field _R_ACCEPTED = Field(EventRecord, "accepted")
 cdef Field _R_AMOUNT = Field(EventRecord, "amount")
 cdef Field _R_CURRENCY = Field(EventRecord, "currency")
 cdef Field _R_REVERSED = Field(EventRecord, "reversed")
-cdef Field _R_BUCKET_KEYS = Field(EventRecord, "buckets")
-cdef Field _R_BORN_OF = Field(EventRecord, "born")
-cdef Field _B_BORN_OF = Field(Bucket, "born")
 cdef Field _C_FAST = None
 """``_CompiledRule.fast``, set by the first ``FastCore`` (handlers.decide imports this
 module before it defines the class)."""
@@ -123,7 +123,8 @@ def slot_fields():
               _S_ACCOUNTS, _S_EVENTS, _S_EXPIRED, _C_FAST, _E_ORIGINAL, _K_BUCKETS,
               _K_ACCOUNTS, _K_EVENTS, _B_VERSION, _A_VERSION, _R_VERSION, _WR_BUCKETS,
               _WR_ACCOUNTS, _WR_EVENTS, _B_EXPIRES_AT, _B_BORN, _R_OCCURRED, _R_EXPIRES_AT,
-              _R_BORN, _R_BUCKETS]
+              _R_BORN, _R_BUCKETS, _E_AMOUNT_DECIMAL, _R_TYPE, _R_ACCOUNT, _R_ACCEPTED,
+              _R_AMOUNT, _R_CURRENCY, _R_REVERSED]
     return {
         f"{f.owner_type.__name__}.{f.name}": f.offset >= 0 for f in fields if f is not None
     }
@@ -800,7 +801,7 @@ cdef class FastCore:
         cdef object snapshot = _W_SNAPSHOT.get(state)
         cdef dict events = _S_EVENTS.get(snapshot)
         cdef dict buckets = _S_BUCKETS.get(snapshot)
-        cdef object original_id = _E_REVERSED_ID.get(event)
+        cdef object original_id = _E_ORIGINAL.get(event)
         cdef object account_id = _E_ACCOUNT.get(event)
         cdef object currency = _E_CURRENCY.get(event)
         cdef object amount_py = _E_AMOUNT.get(event)
@@ -858,8 +859,8 @@ cdef class FastCore:
         if reason is None:
             # every bucket first, nothing changed until each is one the compiled path
             # releases from as the Python path would
-            keys = tuple(_R_BUCKET_KEYS.get(original))
-            born = _R_BORN_OF.get(original) or ()
+            keys = tuple(_R_BUCKETS.get(original))
+            born = _R_BORN.get(original) or ()
             n = len(keys)
             if n > 1 and len(set(keys)) != n:
                 return None
@@ -879,7 +880,7 @@ cdef class FastCore:
                     return None
                 used = value
                 if (count == 0 and used == 0) or (
-                    i < len(born) and born[i] and _B_BORN_OF.get(held) != born[i]
+                    i < len(born) and born[i] and _B_BORN.get(held) != born[i]
                 ):
                     return None
                 parts = tuple((<str>keys[i]).split("|", 2))
@@ -1030,7 +1031,6 @@ cdef class FastCore:
         return out.raw(b"}", 1)
 
 
-cdef Field _E_ORIGINAL = Field(Event, "original_event_id")
 cdef Field _K_BUCKETS = Field(Keys, "buckets")
 cdef Field _K_ACCOUNTS = Field(Keys, "accounts")
 cdef Field _K_EVENTS = Field(Keys, "events")
@@ -1099,11 +1099,8 @@ cdef int _advance(dict records, Field version) except -1:
 
 
 cdef Field _B_EXPIRES_AT = Field(Bucket, "expires_at")
-cdef Field _B_BORN = Field(Bucket, "born")
 cdef Field _R_OCCURRED = Field(EventRecord, "occurred")
 cdef Field _R_EXPIRES_AT = Field(EventRecord, "expires_at")
-cdef Field _R_BORN = Field(EventRecord, "born")
-cdef Field _R_BUCKETS = Field(EventRecord, "buckets")
 
 
 cdef inline bint _small(object value):

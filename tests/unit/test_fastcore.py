@@ -426,7 +426,7 @@ def test_every_attribute_the_compiled_path_reads_is_read_in_its_slot() -> None:
     assert decide._fastcore is not None, "handlers._fastcore is not built"
     Decider(load_rules(EXAMPLE_RULES))  # the first one finds _CompiledRule.fast
     fields = decide._fastcore.slot_fields()
-    assert len(fields) == 38
+    assert len(fields) == 45
     assert all(fields.values()), fields
 
 
