@@ -5,16 +5,17 @@
 its hot path only (``Decider.plan``, ``Decider._payment`` and ``Decider._reversal``),
 used when the extension is built. It writes the verdict's JSON itself, byte for byte
 what msgspec writes for the ``Verdict`` struct, instead of building a struct per
-applicable rule. Anything else (a resend) and anything unusual (a scope or match field
-that is not a string, a long key, a number past 62 bits, a reversal's amount to read in
-the original's currency or bucket not as its payment left it) goes to the Python path,
-so the two never differ on an edge case: ``tests/unit/test_fastcore.py`` decides the
-same streams both ways and compares every byte. It reads and writes the attributes of the event and of the
+applicable rule. Anything else (an event id sent again with another payload) and
+anything unusual (a scope or match field that is not a string, a long key, a number past
+62 bits, a reversal's amount to read in the original's currency or bucket not as its
+payment left it) goes to the Python path, so the two never differ on an edge case:
+``tests/unit/test_fastcore.py`` decides the same streams both ways and compares every
+byte. It reads and writes the attributes of the event and of the
 state records in their slots (``handlers._slots.Field``), as Python's member descriptors
 do, without the attribute lookup each time.
 """
 
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject
@@ -22,7 +23,7 @@ from cpython.ref cimport Py_INCREF
 from cpython.set cimport PySet_Add
 from cpython.tuple cimport PyTuple_Check, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_SET_ITEM
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 from handlers._slots cimport Field
 
@@ -108,6 +109,9 @@ cdef Field _R_ACCEPTED = Field(EventRecord, "accepted")
 cdef Field _R_AMOUNT = Field(EventRecord, "amount")
 cdef Field _R_CURRENCY = Field(EventRecord, "currency")
 cdef Field _R_REVERSED = Field(EventRecord, "reversed")
+cdef Field _R_FINGERPRINT = Field(EventRecord, "fingerprint")
+cdef Field _R_VERDICT = Field(EventRecord, "verdict")
+cdef Field _E_LEGACY = Field(Event, "legacy_fingerprint")
 cdef Field _C_FAST = None
 """``_CompiledRule.fast``, set by the first ``FastCore`` (handlers.decide imports this
 module before it defines the class)."""
@@ -124,7 +128,7 @@ def slot_fields():
               _K_ACCOUNTS, _K_EVENTS, _B_VERSION, _A_VERSION, _R_VERSION, _WR_BUCKETS,
               _WR_ACCOUNTS, _WR_EVENTS, _B_EXPIRES_AT, _B_BORN, _R_OCCURRED, _R_EXPIRES_AT,
               _R_BORN, _R_BUCKETS, _E_AMOUNT_DECIMAL, _R_TYPE, _R_ACCOUNT, _R_ACCEPTED,
-              _R_AMOUNT, _R_CURRENCY, _R_REVERSED]
+              _R_AMOUNT, _R_CURRENCY, _R_REVERSED, _R_FINGERPRINT, _R_VERDICT, _E_LEGACY]
     return {
         f"{f.owner_type.__name__}.{f.name}": f.offset >= 0 for f in fields if f is not None
     }
@@ -151,6 +155,7 @@ cdef object _ORIGINAL_NOT_ACCEPTED = Reason.ORIGINAL_NOT_ACCEPTED
 cdef object _ALREADY_REVERSED = Reason.ALREADY_REVERSED
 cdef object _REVERSAL_EXCEEDS = Reason.REVERSAL_EXCEEDS_ORIGINAL
 cdef object _REVERSAL = EventType.REVERSAL
+cdef dict _REASONS = {reason.value.encode(): reason for reason in Reason}
 cdef object _json_text = msgspec.json.encode
 
 cdef const char* _PAIRS = (
@@ -407,6 +412,54 @@ cdef class _Rule:
             self.amount_middle = b',"amount_limit":' + self.amount_limit + b',"amount_remaining":'
 
 
+cdef object _stored_reason(object verdict, object reason_in):
+    """``reason_in(verdict)``, read where a verdict of this module or of msgspec has it:
+    right after ``"decision":"accept"`` or ``"reject"`` near its start (a JSON string
+    cannot hold those quotes unescaped, so the first such place is the verdict's own).
+    Anything else is left to ``reason_in``, which decodes the whole document."""
+    cdef const char* data
+    cdef const char* at
+    cdef const char* end
+    cdef const char* word
+    cdef Py_ssize_t n
+    if type(verdict) is not bytes:
+        return reason_in(verdict)
+    data = PyBytes_AS_STRING(verdict)
+    n = PyBytes_GET_SIZE(verdict)
+    if n < 13 or memcmp(data, b'{"event_id":"', 13) != 0:
+        return reason_in(verdict)
+    end = data + n
+    at = data + 13
+    while end - at >= 40 and memcmp(at, b'"decision":"', 12) != 0:
+        at += 1
+    if end - at < 40:
+        return reason_in(verdict)
+    at += 12
+    if memcmp(at, b'accept",', 8) != 0 and memcmp(at, b'reject",', 8) != 0:
+        return reason_in(verdict)
+    at += 8
+    if memcmp(at, b'"reason":', 9) != 0:
+        return reason_in(verdict)
+    at += 9
+    if memcmp(at, b'null,"seq":', 11) == 0:
+        return None
+    if at[0] != b'"':
+        return reason_in(verdict)
+    word = at + 1
+    at = word
+    while at < end and (b'a' <= at[0] <= b'z' or at[0] == b'_'):
+        at += 1
+    if end - at < 8 or memcmp(at, b'","seq":', 8) != 0:
+        return reason_in(verdict)
+    found = _REASONS.get(PyBytes_FromStringAndSize(word, at - word))
+    return reason_in(verdict) if found is None else found
+
+
+def stored_reason(verdict, reason_in):
+    """``_stored_reason``, for a test."""
+    return _stored_reason(verdict, reason_in)
+
+
 cdef class FastCore:
     """``Decider.plan`` and ``Decider.decide`` for one rule set, compiled where they can
     be, the Python path's (``python_plan``, ``python_decide``, ``python_payment``)
@@ -433,6 +486,10 @@ cdef class FastCore:
     cdef object python_plan
     cdef object python_decide
     cdef object python_payment
+    cdef object duplicate_kind
+    cdef object reason_in
+    """``OutcomeKind.DUPLICATE``, and what gives the reason a stored verdict names; None:
+    resends take the Python path."""
     cdef _Out head
     cdef _Out violations
     cdef _Out limits
@@ -445,7 +502,8 @@ cdef class FastCore:
         free(self.minutes)
 
     def __init__(self, compiled_rules, version, applied_type, outcome_type, verdict_kind,
-                 escape, short_key, ceiling, python_plan, python_decide, python_payment):
+                 escape, short_key, ceiling, python_plan, python_decide, python_payment,
+                 duplicate_kind=None, reason_in=None):
         global _C_FAST
         cdef Py_ssize_t i
         self.clocks = []
@@ -478,6 +536,8 @@ cdef class FastCore:
         self.python_plan = python_plan
         self.python_decide = python_decide
         self.python_payment = python_payment
+        self.duplicate_kind = duplicate_kind
+        self.reason_in = reason_in
         self.head, self.violations, self.limits = _Out(), _Out(), _Out()
 
     cdef tuple _candidates(self, object currency):
@@ -586,9 +646,20 @@ cdef class FastCore:
         return tuple(applied)
 
     def decide(self, event, tuple applied, state):
-        """``Decider.decide``: a new payment or reversal here, anything else (a resend,
-        and what the compiled path does not take) by the Python path."""
-        if _E_ID.get(event) in <dict?>_S_EVENTS.get(_W_SNAPSHOT.get(state)):
+        """``Decider.decide``: a new payment or reversal, or a resend of one, here; what
+        the compiled path does not take (an event id sent again with another payload)
+        by the Python path."""
+        cdef PyObject* seen = PyDict_GetItem(
+            <dict?>_S_EVENTS.get(_W_SNAPSHOT.get(state)), _E_ID.get(event)
+        )
+        if seen != NULL:
+            if self.reason_in is not None:
+                fingerprint = _R_FINGERPRINT.get(<object>seen)
+                if (
+                    fingerprint == _E_FINGERPRINT.get(event)
+                    or fingerprint == _E_LEGACY.get(event)
+                ):
+                    return self._duplicate(<object>seen)
             return self.python_decide(event, applied, state)
         kind = _E_TYPE.get(event)
         if kind is _PAYMENT:
@@ -788,6 +859,23 @@ cdef class FastCore:
         PyDict_SetItem(<dict?>_W_DIRTY_EVENTS.get(state), event_id, record)
         outcome = lf_tuple_of(self.outcome_type, 6)
         for i, value in enumerate((self.verdict_kind, encoded, decision, reason, None, None)):
+            Py_INCREF(value)
+            PyTuple_SET_ITEM(outcome, i, value)
+        return outcome
+
+    cdef object _duplicate(self, record):
+        """The outcome of a resend of the event of ``record``: its verdict again."""
+        verdict = _R_VERDICT.get(record)
+        outcome = lf_tuple_of(self.outcome_type, 6)
+        values = (
+            self.duplicate_kind,
+            verdict,
+            _ACCEPT if _R_ACCEPTED.get(record) else _REJECT,
+            _stored_reason(verdict, self.reason_in),
+            None,
+            None,
+        )
+        for i, value in enumerate(values):
             Py_INCREF(value)
             PyTuple_SET_ITEM(outcome, i, value)
         return outcome

@@ -187,6 +187,8 @@ class Decider:
                 self._plan,
                 self._decide,
                 self._payment,
+                OutcomeKind.DUPLICATE,
+                _reason_in,
             )
             if compiled and _fastcore is not None
             else None

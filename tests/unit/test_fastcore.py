@@ -136,12 +136,19 @@ REVERSALS = [
     _reversal("r14", "p5", amount="1.00", currency="JPY"),  # a dead letter
     _reversal("r15", "p5", amount="0.5"),  # read in CNY
     _reversal("r16", "p3", amount="0.5"),  # read in CNY, though not accepted
-    _reversal("r1", "p1", amount="30.00", currency="CNY"),  # a resend
+    _reversal("r1", "p1", amount="30.00", currency="CNY"),  # resends
+    _line("p2", amount="80.00", currency="CNY"),
+    _reversal("r2", "p1", amount="70.01", currency="CNY"),
+    _line("p3", amount="4000.00", currency="CNY"),
+    _reversal("r1", "p1", amount="31.00", currency="CNY"),  # another payload: a conflict
+    _line("p2", amount="80.01", currency="CNY"),  # another payload: a conflict
 ]
 """A payment's life through reversals: every reason, and each way an amount is sent."""
-BY_PYTHON = {"r14", "r15", "r16", "r1"}
+BY_PYTHON = {"r14", "r15", "r16", "r1", "p2"}
 """Those of ``REVERSALS`` the compiled path hands to the Python path: a currency that
-differs, an amount to read in the original's currency, a resend."""
+differs, an amount to read in the original's currency, an event id sent again with
+another payload (the last two; the resends before them are decided compiled, and give
+the reason their original got)."""
 
 
 def test_reversals_take_the_compiled_path_and_are_decided_alike() -> None:
@@ -172,6 +179,8 @@ def test_reversals_take_the_compiled_path_and_are_decided_alike() -> None:
         no_python,
         python_decide,
         no_python,
+        decide.OutcomeKind.DUPLICATE,
+        decide._reason_in,
     )
     state = WorkingState(Snapshot())
     reasons = []
@@ -180,6 +189,8 @@ def test_reversals_take_the_compiled_path_and_are_decided_alike() -> None:
         outcome = fast.decide(event, fast.plan(event), state)
         reasons.append(None if outcome.reason is None else outcome.reason.value)
     assert set(asked) == BY_PYTHON
+    assert len(asked) == 5  # the resends of r1 and p2 are not among them
+    assert reasons[-6:-2] == [None, None, "reversal_exceeds_original", "limit_exceeded"]
     assert reasons[1:8] == [
         None,
         "reversal_exceeds_original",
@@ -195,6 +206,48 @@ def test_reversals_take_the_compiled_path_and_are_decided_alike() -> None:
         "original_not_accepted",
         "original_not_accepted",
     ]
+
+
+@pytest.mark.parametrize(
+    ("verdict", "read_in_place"),
+    [
+        (
+            b'{"event_id":"e","account_id":"a","type":"payment","decision":"accept",'
+            b'"reason":null,"seq":1,"violations":[]}',
+            True,
+        ),
+        (
+            b'{"event_id":"e","account_id":"a","type":"reversal","decision":"reject",'
+            b'"reason":"already_reversed","seq":2}',
+            True,
+        ),
+        (  # the text of an earlier field cannot hold the quotes unescaped
+            b'{"event_id":"\\"decision\\":\\"accept\\",\\"reason\\":null,",'
+            b'"account_id":"a","type":"payment","decision":"reject",'
+            b'"reason":"limit_exceeded","seq":3}',
+            True,
+        ),
+        (b'{"event_id":"e","decision":"reject","reason":"not_a_reason","seq":1}', False),
+        (b'{"account_id":"a","event_id":"e","decision":"reject","reason":"limit_exceeded"}', False),
+        (b'{"event_id":"e","decision":"reject","reason":"limit_exceeded"}', False),
+        (b'{"event_id":"e","decision":"reject" , "reason":"limit_exceeded","seq":1}', False),
+        (b'{"event_id":"e","decision":"maybe","reason":"limit_exceeded","seq":1,"x":12}', False),
+        (b'{"event_id":"e","decision":"accept","reason":null', False),
+        (b"not json at all", False),
+        (b"", False),
+    ],
+)
+def test_a_resend_gets_the_reason_its_verdict_names(verdict: bytes, read_in_place: bool) -> None:
+    """Read where the verdict has it, else by decoding the whole of it."""
+    assert decide._fastcore is not None, "handlers._fastcore is not built"
+    decoded: list[bytes] = []
+
+    def reason_in(text: bytes) -> Any:
+        decoded.append(text)
+        return decide._reason_in(text)
+
+    assert decide._fastcore.stored_reason(verdict, reason_in) == decide._reason_in(verdict)
+    assert not decoded if read_in_place else decoded == [verdict]
 
 
 @pytest.mark.parametrize("case", ["absent", "empty", "another_life", "rule_removed", "damaged"])
@@ -426,7 +479,7 @@ def test_every_attribute_the_compiled_path_reads_is_read_in_its_slot() -> None:
     assert decide._fastcore is not None, "handlers._fastcore is not built"
     Decider(load_rules(EXAMPLE_RULES))  # the first one finds _CompiledRule.fast
     fields = decide._fastcore.slot_fields()
-    assert len(fields) == 45
+    assert len(fields) == 48
     assert all(fields.values()), fields
 
 
