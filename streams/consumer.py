@@ -23,10 +23,9 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from operator import attrgetter
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition  # type: ignore[import-untyped]
-from aiokafka.coordinator.protocol import ConsumerProtocol  # type: ignore[import-untyped]
 from aiokafka.errors import IllegalStateError, KafkaError  # type: ignore[import-untyped]
 from aiokafka.structs import ConsumerRecord  # type: ignore[import-untyped]
 
@@ -64,39 +63,68 @@ def is_retriable(exc: BaseException) -> bool:
     return isinstance(exc, LimitflowError) and exc.retriable
 
 
-_EMPTY_ASSIGNMENT: Final = ConsumerProtocol.ASSIGNMENT(0, [], b"").encode()
-"""An assignment of no partitions, as the consumer protocol encodes it."""
+_JOIN_AGAIN_AFTER: Final = (1.0, 30.0)
+"""Seconds before a member whose join brought an empty assignment joins again: the
+first time, and at most (doubled while its joins keep bringing one)."""
 
 
-def tolerate_empty_assignments(consumer: AIOKafkaConsumer) -> None:
-    """Read an assignment of zero bytes as one of no partitions, before ``consumer``
-    joins its group (it must be started, not subscribed yet).
+def tolerate_empty_assignments(
+    consumer: AIOKafkaConsumer, join_again_after: tuple[float, float] = _JOIN_AGAIN_AFTER
+) -> None:
+    """Treat a group join whose assignment is zero bytes as a failed join, to be tried
+    again after a pause, before ``consumer`` joins its group (it must be started, not
+    subscribed yet).
 
     Apache Kafka's classic coordinator sends a member empty bytes when the leader's
     SyncGroup left it out (a member it did not know of when it assigned); noida-db sent
     them once in a chaos test. aiokafka 0.14 fails to decode them, and its coordination
-    task, then ``getmany``, raise: ``run`` exited 1. Kafka 0.10 sent null for the same
-    thing, and other clients (brod, kafkajs) read both as no partitions. So does this
-    member now: the leader gave every partition to the members it knew, and the next
-    rebalance (any member joining or leaving) gives this one its share."""
-    coordinator = getattr(consumer, "_coordinator", None)  # aiokafka's own
-    if coordinator is None:
+    task, then ``getmany``, raise: ``run`` exited 1 (the faust worker stayed up in no
+    group). Read as no partitions, as other clients do, the member stayed idle though
+    ready for as long as the group did not change, and a share a broker dropped had no
+    owner. So the join is not completed: the member keeps no partitions (aiokafka
+    returns no records while a reassignment is in progress), and joins again
+    ``join_again_after[0]`` seconds later, doubled up to ``join_again_after[1]`` while
+    its joins keep bringing none; the group's next assignment includes it."""
+    coordinator: Any = getattr(consumer, "_coordinator", _NOT_AIOKAFKA)  # aiokafka's own
+    if coordinator is _NOT_AIOKAFKA:  # a stand-in for aiokafka's consumer (tests)
         return
+    if coordinator is None:
+        raise RuntimeError("tolerate_empty_assignments: start the consumer first")
     on_join_complete = coordinator._on_join_complete
+    do_rejoin_group = coordinator._do_rejoin_group
+    empty = False
+    pause = join_again_after[0]
 
-    async def read_empty_as_none(
+    async def complete_unless_empty(
         generation: int, member_id: str, protocol: str, assignment: bytes
     ) -> None:
-        if not assignment:
-            log.warning(
-                "the group coordinator sent no assignment: holding no partitions until "
-                "the next rebalance",
-                extra={"generation": generation},
-            )
-            assignment = _EMPTY_ASSIGNMENT
-        await on_join_complete(generation, member_id, protocol, assignment)
+        nonlocal empty
+        if assignment:
+            await on_join_complete(generation, member_id, protocol, assignment)
+        else:
+            empty = True
 
-    coordinator._on_join_complete = read_empty_as_none
+    async def join_until_assigned(subscription: object) -> bool:
+        nonlocal empty, pause
+        empty = False
+        joined = bool(await do_rejoin_group(subscription))
+        if not (joined and empty):
+            pause = join_again_after[0] if joined else pause
+            return joined
+        log.warning(
+            "the group coordinator sent no assignment: joining the group again in %.0fs",
+            pause,
+        )
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, join_again_after[1])
+        coordinator.request_rejoin()  # a later rebalance: the old assignment is not kept
+        return False
+
+    coordinator._on_join_complete = complete_unless_empty
+    coordinator._do_rejoin_group = join_until_assigned
+
+
+_NOT_AIOKAFKA: Final = object()
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

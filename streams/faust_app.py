@@ -259,10 +259,11 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return consumer
 
     async def on_start(self) -> None:
-        """faust's, then a group assignment of zero bytes is read as no partitions (see
-        ``streams.consumer.tolerate_empty_assignments``): aiokafka's coordination task
-        failed on it, and the worker, still up, was left in no group (90 s in a test).
-        faust subscribes after this start, so the first join is read so too."""
+        """faust's, then a group join that brings an assignment of zero bytes is tried
+        again (see ``streams.consumer.tolerate_empty_assignments``): aiokafka's
+        coordination task failed on it, and the worker, still up, was left in no group
+        (90 s in a test). faust subscribes after this start, so its first join is
+        covered too."""
         await super().on_start()
         tolerate_empty_assignments(self._consumer)
 

@@ -575,11 +575,10 @@ async def test_two_consumers_in_one_group_split_the_work(setup: Setup) -> None:
     assert setup.stop(b) == 0
 
 
-async def test_an_empty_assignment_holds_no_partitions_until_the_next_rebalance(
-    setup: Setup,
-) -> None:
+async def test_a_member_given_an_empty_assignment_joins_again_and_decides(setup: Setup) -> None:
     """A SyncGroup response with empty assignment bytes (see ``tests.blank_assignment``)
-    made aiokafka fail to decode it and ``run`` exit 1; it is read as no partitions."""
+    made aiokafka fail to decode it and ``run`` exit 1. The join is tried again: alone in
+    its group, the member then gets every partition."""
     lines = make_events(600, seed=9)
     a = setup.run("--batch-size", "50", module="tests.blank_assignment limitflow")
     wait_for(
@@ -587,14 +586,42 @@ async def test_an_empty_assignment_holds_no_partitions_until_the_next_rebalance(
         60,
         "the member to be given empty assignment bytes",
     )
-    time.sleep(1)
     assert a.poll() is None, setup.log(0)
-    assert "blanking the first assignment" in setup.log(0)
-    assert not _assigned(setup, 0)
-    b = setup.run("--batch-size", "50")  # a second member: the group rebalances
-    wait_for(lambda: _assigned(setup, 0) and _assigned(setup, 1), 60, "both to get partitions")
+    assert "blanking the assignment of join 1" in setup.log(0)
     sources = await produce(setup.bootstrap, setup.topics[0], lines)
     await check_against_replay(setup, lines, sources)
+    assert "joining the group again in 1s" in setup.log(0)
+    assert setup.stop(a) == 0, setup.log(0)
+
+
+async def test_a_member_given_an_empty_assignment_in_a_rebalance_joins_again(
+    setup: Setup,
+) -> None:
+    """The same on a rebalance: a member that held every partition is given empty bytes
+    when a second member joins, and neither keeps its old partitions nor leaves its share
+    without an owner: it joins again, and the two split the work."""
+    lines = make_events(1200, seed=10)
+    a = setup.run(
+        "--batch-size", "50", module="tests.blank_assignment limitflow", env={"BLANK_JOIN": "2"}
+    )
+    wait_for(lambda: _assigned(setup, 0), 60, "the first member to get every partition")
+    sources = await produce(setup.bootstrap, setup.topics[0], lines[:600])
+    b = setup.run("--batch-size", "50")
+    wait_for(
+        lambda: "sent no assignment" in setup.log(0) or a.poll() is not None,
+        60,
+        "the first member to be given empty assignment bytes",
+    )
+    assert a.poll() is None, setup.log(0)
+    wait_for(lambda: _assigned(setup, 1), 60, "the second member to get partitions")
+    sources += await produce(setup.bootstrap, setup.topics[0], lines[600:])
+    await check_against_replay(setup, lines, sources)
+    assigned = [
+        json.loads(x)["partitions"]
+        for x in setup.log(0).splitlines()
+        if x.startswith("{") and json.loads(x).get("msg") == "partitions assigned"
+    ]
+    assert len(assigned) >= 2 and 0 < len(assigned[-1]) < PARTITIONS, setup.log(0)
     assert setup.stop(a) == 0, setup.log(0)
     assert setup.stop(b) == 0, setup.log(1)
 
