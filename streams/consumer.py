@@ -290,6 +290,15 @@ class VelocityConsumer:
             # published a second time. So nothing is read until the output has taken the
             # partitions over and set their positions.
             self.consumer.pause(*assigned)
+            if self.stopping:
+                # a rebalance that completes while run stops (its loop over, the group
+                # not left yet): nothing more is read, so they are not taken over (that
+                # opened producers under exactly-once after the output's close)
+                log.info(
+                    "partitions assigned while stopping: left paused for their next owner",
+                    extra={"partitions": _names(assigned)},
+                )
+                return
             try:
                 await self._retrying(
                     "assign", lambda: self.output.on_assigned(assigned), pause=False

@@ -69,8 +69,19 @@ class _FencingRefused(Output):
         return None
 
 
-def _runner(consumer: _Consumer, engine: Engine) -> VelocityConsumer:
-    """A consumer on ``consumer`` whose output refuses to take partitions over."""
+class _TakeOvers(_FencingRefused):
+    """An output that records the take-overs it is asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[frozenset[TopicPartition]] = []
+
+    async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:
+        self.asked.append(partitions)
+
+
+def _runner(consumer: _Consumer, engine: Engine, output: Output | None = None) -> VelocityConsumer:
+    """A consumer on ``consumer`` whose output (by default) refuses to take partitions
+    over."""
     settings = load_run_settings(
         {
             "bootstrap_servers": "127.0.0.1:9",
@@ -88,7 +99,7 @@ def _runner(consumer: _Consumer, engine: Engine) -> VelocityConsumer:
         settings,
         engine,
         consumer,  # type: ignore[arg-type]
-        _FencingRefused(),
+        output or _FencingRefused(),
         Health(metrics),
         metrics,
     )
@@ -107,6 +118,26 @@ async def test_a_take_over_that_fails_for_good_stops_the_consumer_with_partition
     with pytest.raises(BrokerRejected):
         await asyncio.wait_for(loop, 5)
     assert runner.health.state is ConsumerState.FAILED
+
+
+async def test_partitions_assigned_once_stopping_are_left_paused_for_their_next_owner() -> None:
+    # a rebalance that completed while run closed (after its loop, before it left the
+    # group) had the exactly-once output open producers for them after its close
+    consumer, output = _Consumer(), _TakeOvers()
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()), output)
+    loop = asyncio.create_task(runner.run())
+    first = TopicPartition("in", 0)
+    consumer.assigned = {first}
+    await runner.partitions_assigned(frozenset({first}))
+    assert output.asked == [frozenset({first})]
+    runner.request_stop()
+    await asyncio.wait_for(loop, 5)
+    await runner.partitions_revoked(frozenset({first}))
+    second = TopicPartition("in", 1)
+    consumer.assigned = {second}
+    await runner.partitions_assigned(frozenset({second}))
+    assert output.asked == [frozenset({first})]
+    assert second in consumer.paused
 
 
 async def test_results_are_counted_by_decision_reason_and_error() -> None:
