@@ -115,7 +115,8 @@ def tolerate_empty_assignments(
             "the group coordinator sent no assignment: joining the group again in %.0fs",
             pause,
         )
-        await asyncio.sleep(pause)
+        # (a close waits for the coordination task, this pause included: it ends it)
+        await asyncio.wait([coordinator._closing], timeout=pause)
         pause = min(pause * 2, join_again_after[1])
         coordinator.request_rejoin()  # a later rebalance: the old assignment is not kept
         return False

@@ -1,7 +1,7 @@
 """``python -m tests.blank_assignment limitflow run …`` (or ``… faust -A
 streams.faust_app worker …``): ``limitflow run`` (or the faust worker) whose first group
-assignment (``BLANK_JOIN=N`` in the environment: its N-th) arrives empty (zero bytes), as
-a Kafka-protocol broker may send it.
+assignment (``BLANK_JOIN=N`` in the environment: its N-th; ``every``: each) arrives empty
+(zero bytes), as a Kafka-protocol broker may send it.
 
 Apache Kafka's classic group coordinator gives a member empty bytes when the leader's
 SyncGroup left it out (it fills in "empty assignments for members" it was not told
@@ -22,8 +22,8 @@ from typing import Any
 from aiokafka.consumer import group_coordinator  # type: ignore[import-untyped]
 
 _join = group_coordinator.CoordinatorGroupRebalance.perform_group_join
-_BLANK_JOIN = int(os.environ.get("BLANK_JOIN", "1"))
-"""Which completed join is blanked: 1, the first (the default)."""
+_BLANK_JOIN = os.environ.get("BLANK_JOIN", "1")
+"""Which completed join is blanked: ``1``, the first (the default), ``2``…, or ``every``."""
 _joins: list[bool] = []
 
 
@@ -31,9 +31,9 @@ async def _one_join_blank(self: Any) -> Any:
     result = await _join(self)
     if result is not None:
         _joins.append(True)
-        if len(_joins) == _BLANK_JOIN:
+        if _BLANK_JOIN in ("every", str(len(_joins))):
             protocol, _ = result
-            print(f"blanking the assignment of join {_BLANK_JOIN}", file=sys.stderr, flush=True)
+            print(f"blanking the assignment of join {len(_joins)}", file=sys.stderr, flush=True)
             return protocol, b""
     return result
 

@@ -626,6 +626,19 @@ async def test_a_member_given_an_empty_assignment_in_a_rebalance_joins_again(
     assert setup.stop(b) == 0, setup.log(1)
 
 
+def test_a_stop_while_waiting_to_join_again_ends_at_once(setup: Setup) -> None:
+    """Each join brings an empty assignment: the pauses between them grow (1, 2, 4, 8 s
+    …), and a stop during one is heeded at once (aiokafka's close waits for the
+    coordination task, in which the pause is)."""
+    a = setup.run(module="tests.blank_assignment limitflow", env={"BLANK_JOIN": "every"})
+    wait_for(lambda: "joining the group again in 8s" in setup.log(0), 90, "an 8 s pause")
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert setup.stop(a, timeout=30) == 0, setup.log(0)
+    assert time.monotonic() - started < 4, setup.log(0)
+    assert "joining the group again in 16s" not in setup.log(0)
+
+
 async def test_bad_input_only_goes_to_the_dead_letter_topic(setup: Setup) -> None:
     deep = b'{"event_id": "deep", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     lines = [b"{oops", b"", b"\xff\x00", json.dumps({"event_id": "e1"}).encode(), deep]
