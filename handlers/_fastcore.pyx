@@ -42,8 +42,14 @@ cdef extern from *:
     static PyObject* lf_tuple_of(PyObject* cls, Py_ssize_t n) {
         return ((PyTypeObject*)cls)->tp_alloc((PyTypeObject*)cls, n);
     }
+    /* Item i of such a new tuple: a new reference to value. */
+    static inline void lf_put(PyObject* t, Py_ssize_t i, PyObject* value) {
+        Py_INCREF(value);
+        PyTuple_SET_ITEM(t, i, value);
+    }
     """
     object lf_tuple_of(object cls, Py_ssize_t n)
+    void _put "lf_put" (object t, Py_ssize_t i, object value)
 
 cdef extern from *:
     """
@@ -102,6 +108,8 @@ cdef Field _E_ORIGINAL = Field(Event, "original_event_id")
 cdef Field _R_BUCKETS = Field(EventRecord, "buckets")
 cdef Field _R_BORN = Field(EventRecord, "born")
 cdef Field _B_BORN = Field(Bucket, "born")
+cdef Field _R_VERSION = Field(EventRecord, "version")
+cdef Field _R_EXPIRES_AT = Field(EventRecord, "expires_at")
 cdef Field _E_AMOUNT_DECIMAL = Field(Event, "amount_decimal")
 cdef Field _R_TYPE = Field(EventRecord, "type")
 cdef Field _R_ACCOUNT = Field(EventRecord, "account_id")
@@ -173,14 +181,10 @@ cdef long long _NO_MINUTE = -(1LL << 62)
 
 cdef inline object _tuple4(object cls, object a, object b, object c, object d):
     cdef object t = lf_tuple_of(cls, 4)
-    Py_INCREF(a)
-    PyTuple_SET_ITEM(t, 0, a)
-    Py_INCREF(b)
-    PyTuple_SET_ITEM(t, 1, b)
-    Py_INCREF(c)
-    PyTuple_SET_ITEM(t, 2, c)
-    Py_INCREF(d)
-    PyTuple_SET_ITEM(t, 3, d)
+    _put(t, 0, a)
+    _put(t, 1, b)
+    _put(t, 2, c)
+    _put(t, 3, d)
     return t
 
 
@@ -455,6 +459,72 @@ cdef object _stored_reason(object verdict, object reason_in):
     return reason_in(verdict) if found is None else found
 
 
+cdef inline object _next_seq(object snapshot, object state, object account_id):
+    """The account's next verdict sequence number, its record marked to be written
+    (``WorkingState.account_for_update``)."""
+    cdef dict accounts = _S_ACCOUNTS.get(snapshot)
+    account = accounts.get(account_id)
+    if account is None:
+        account = accounts[account_id] = Account()
+    PyDict_SetItem(<dict?>_W_DIRTY_ACCOUNTS.get(state), account_id, account)
+    seq = _A_SEQ.get(account) + 1
+    _A_SEQ.set(account, seq)
+    return seq
+
+
+cdef inline int _open_verdict(_Out out, object event_id, object account_id, bytes middle,
+                              object seq) except -1:
+    """A verdict's JSON up to its ``seq``: ``middle`` is what comes between its
+    ``account_id`` and that (type, decision and reason)."""
+    out.size = 0
+    out.raw(b'{"event_id":', 12)
+    out.quoted(event_id)
+    out.raw(b',"account_id":', 14)
+    out.quoted(account_id)
+    out.put(middle)
+    if type(seq) is int and 0 <= seq < _SMALL:
+        return out.integer(seq)
+    # what a damaged store may hold: as msgspec writes it (inf as null, …)
+    return out.put(_json_text(seq))
+
+
+cdef inline bytes _close_verdict(_Out out, bytes version, _Out limits):
+    """A verdict's JSON from its ``rules_version`` (``version``, as JSON) to its end, and
+    the whole of it."""
+    out.put(b',"rules_version":')
+    out.put(version)
+    out.put(b',"limits":[')
+    out.extend(limits)
+    out.raw(b"]}", 2)
+    return out.take()
+
+
+cdef inline int _put_event(object snapshot, object state, object event_id,
+                           object record) except -1:
+    """``WorkingState.put_event``: a new idempotency record, in place of the expired one
+    (its version and expiry) if one was read."""
+    expired = (<dict?>_S_EXPIRED.get(snapshot)).get(event_id)
+    if expired is not None:
+        _R_VERSION.set(record, expired.version)
+        _R_EXPIRES_AT.set(record, expired.expires_at)
+    PyDict_SetItem(<dict?>_S_EVENTS.get(snapshot), event_id, record)
+    PyDict_SetItem(<dict?>_W_DIRTY_EVENTS.get(state), event_id, record)
+    return 0
+
+
+cdef inline object _outcome(object outcome_type, object kind, object verdict,
+                            object decision, object reason):
+    """An ``Outcome`` (its error and detail None), as its tuple type makes it."""
+    cdef object outcome = lf_tuple_of(outcome_type, 6)
+    _put(outcome, 0, kind)
+    _put(outcome, 1, verdict)
+    _put(outcome, 2, decision)
+    _put(outcome, 3, reason)
+    _put(outcome, 4, None)
+    _put(outcome, 5, None)
+    return outcome
+
+
 def stored_reason(verdict, reason_in):
     """``_stored_reason``, for a test."""
     return _stored_reason(verdict, reason_in)
@@ -680,7 +750,6 @@ cdef class FastCore:
         cdef long long amount, count, used
         cdef object snapshot = _W_SNAPSHOT.get(state)
         cdef dict buckets = _S_BUCKETS.get(snapshot)
-        cdef dict accounts, events, expired_events
         cdef _Rule r
         cdef tuple a
         cdef object bucket, key, end, value
@@ -797,29 +866,17 @@ cdef class FastCore:
 
         event_id = _E_ID.get(event)
         account_id = _E_ACCOUNT.get(event)
-        accounts = _S_ACCOUNTS.get(snapshot)
-        account = accounts.get(account_id)
-        if account is None:
-            account = accounts[account_id] = Account()
-        PyDict_SetItem(<dict?>_W_DIRTY_ACCOUNTS.get(state), account_id, account)
-        seq = _A_SEQ.get(account) + 1
-        _A_SEQ.set(account, seq)
-
+        seq = _next_seq(snapshot, state, account_id)
         currency = _E_CURRENCY.get(event)
         out = self.head
-        out.size = 0
-        out.raw(b'{"event_id":', 12)
-        out.quoted(event_id)
-        out.raw(b',"account_id":', 14)
-        out.quoted(account_id)
-        if accepted:
-            out.put(b',"type":"payment","decision":"accept","reason":null,"seq":')
-        else:
-            out.put(b',"type":"payment","decision":"reject","reason":"limit_exceeded","seq":')
-        if type(seq) is int and 0 <= seq < _SMALL:
-            out.integer(seq)
-        else:  # what a damaged store may hold: as msgspec writes it (inf as null, …)
-            out.put(_json_text(seq))
+        _open_verdict(
+            out,
+            event_id,
+            account_id,
+            b',"type":"payment","decision":"accept","reason":null,"seq":' if accepted
+            else b',"type":"payment","decision":"reject","reason":"limit_exceeded","seq":',
+            seq,
+        )
         out.put(b',"violations":[')
         out.extend(self.violations)
         out.put(b'],"occurred_at":')
@@ -828,17 +885,9 @@ cdef class FastCore:
         out.minor(amount, MINOR_UNITS[currency])
         out.put(b',"currency":')
         out.quoted(currency)
-        out.put(b',"original_event_id":null,"rules_version":')
-        out.put(self.version)
-        out.put(b',"limits":[')
-        out.extend(self.limits)
-        out.raw(b"]}", 2)
-        encoded = out.take()
+        out.put(b',"original_event_id":null')
+        encoded = _close_verdict(out, self.version, self.limits)
 
-        # the idempotency record, as WorkingState.put_event stores it
-        expired_events = _S_EXPIRED.get(snapshot)
-        expired = expired_events.get(event_id)
-        events = _S_EVENTS.get(snapshot)
         record = EventRecord(
             _E_FINGERPRINT.get(event),
             account_id,
@@ -851,34 +900,23 @@ cdef class FastCore:
             0,
             tuple(keys),
             _E_EPOCH.get(event),
-            0 if expired is None else expired.version,
-            None if expired is None else expired.expires_at,
+            0,
+            None,
             None if keys else (),
         )
-        events[event_id] = record
-        PyDict_SetItem(<dict?>_W_DIRTY_EVENTS.get(state), event_id, record)
-        outcome = lf_tuple_of(self.outcome_type, 6)
-        for i, value in enumerate((self.verdict_kind, encoded, decision, reason, None, None)):
-            Py_INCREF(value)
-            PyTuple_SET_ITEM(outcome, i, value)
-        return outcome
+        _put_event(snapshot, state, event_id, record)
+        return _outcome(self.outcome_type, self.verdict_kind, encoded, decision, reason)
 
     cdef object _duplicate(self, record):
         """The outcome of a resend of the event of ``record``: its verdict again."""
         verdict = _R_VERDICT.get(record)
-        outcome = lf_tuple_of(self.outcome_type, 6)
-        values = (
+        return _outcome(
+            self.outcome_type,
             self.duplicate_kind,
             verdict,
             _ACCEPT if _R_ACCEPTED.get(record) else _REJECT,
             _stored_reason(verdict, self.reason_in),
-            None,
-            None,
         )
-        for i, value in enumerate(values):
-            Py_INCREF(value)
-            PyTuple_SET_ITEM(outcome, i, value)
-        return outcome
 
     cdef object _reversal(self, event, state):
         """``Decider._reversal`` of a new reversal; None, with nothing changed, for what
@@ -1009,31 +1047,18 @@ cdef class FastCore:
             self.limits.size = 0
 
         accepted = reason is None
-        accounts = _S_ACCOUNTS.get(snapshot)
-        account = accounts.get(account_id)
-        if account is None:
-            account = accounts[account_id] = Account()
-        PyDict_SetItem(<dict?>_W_DIRTY_ACCOUNTS.get(state), account_id, account)
-        seq = _A_SEQ.get(account) + 1
-        _A_SEQ.set(account, seq)
-
+        seq = _next_seq(snapshot, state, account_id)
         event_id = _E_ID.get(event)
         out = self.head
-        out.size = 0
-        out.raw(b'{"event_id":', 12)
-        out.quoted(event_id)
-        out.raw(b',"account_id":', 14)
-        out.quoted(account_id)
-        if accepted:
-            out.put(b',"type":"reversal","decision":"accept","reason":null,"seq":')
-        else:
-            out.put(b',"type":"reversal","decision":"reject","reason":')
-            out.put(_json_text(reason))
-            out.put(b',"seq":')
-        if type(seq) is int and 0 <= seq < _SMALL:
-            out.integer(seq)
-        else:  # what a damaged store may hold: as msgspec writes it (inf as null, …)
-            out.put(_json_text(seq))
+        _open_verdict(
+            out,
+            event_id,
+            account_id,
+            b',"type":"reversal","decision":"accept","reason":null,"seq":' if accepted
+            else b',"type":"reversal","decision":"reject","reason":' + _json_text(reason)
+            + b',"seq":',
+            seq,
+        )
         out.put(b',"violations":[],"occurred_at":')
         out.quoted(_E_OCCURRED_AT.get(event))
         out.put(b',"amount":')
@@ -1049,15 +1074,8 @@ cdef class FastCore:
             out.quoted(currency)
         out.put(b',"original_event_id":')
         out.quoted(original_id)
-        out.put(b',"rules_version":')
-        out.put(self.version)
-        out.put(b',"limits":[')
-        out.extend(self.limits)
-        out.raw(b"]}", 2)
-        encoded = out.take()
+        encoded = _close_verdict(out, self.version, self.limits)
 
-        # the idempotency record, as WorkingState.put_event stores it
-        expired = (<dict?>_S_EXPIRED.get(snapshot)).get(event_id)
         record = EventRecord(
             _E_FINGERPRINT.get(event),
             account_id,
@@ -1070,17 +1088,11 @@ cdef class FastCore:
             0,
             tuple(released),
             _E_EPOCH.get(event),
-            0 if expired is None else expired.version,
-            None if expired is None else expired.expires_at,
         )
-        events[event_id] = record
-        PyDict_SetItem(<dict?>_W_DIRTY_EVENTS.get(state), event_id, record)
-        outcome = lf_tuple_of(self.outcome_type, 6)
-        decision = _ACCEPT if accepted else _REJECT
-        for i, value in enumerate((self.verdict_kind, encoded, decision, reason, None, None)):
-            Py_INCREF(value)
-            PyTuple_SET_ITEM(outcome, i, value)
-        return outcome
+        _put_event(snapshot, state, event_id, record)
+        return _outcome(
+            self.outcome_type, self.verdict_kind, encoded, _ACCEPT if accepted else _REJECT, reason
+        )
 
     cdef int _violation(self, _Out out, bint first, bytes head, object period,
                         bytes limit) except -1:
@@ -1124,7 +1136,6 @@ cdef Field _K_ACCOUNTS = Field(Keys, "accounts")
 cdef Field _K_EVENTS = Field(Keys, "events")
 cdef Field _B_VERSION = Field(Bucket, "version")
 cdef Field _A_VERSION = Field(Account, "version")
-cdef Field _R_VERSION = Field(EventRecord, "version")
 cdef Field _WR_BUCKETS = Field(Writes, "buckets")
 cdef Field _WR_ACCOUNTS = Field(Writes, "accounts")
 cdef Field _WR_EVENTS = Field(Writes, "events")
@@ -1188,7 +1199,6 @@ cdef int _advance(dict records, Field version) except -1:
 
 cdef Field _B_EXPIRES_AT = Field(Bucket, "expires_at")
 cdef Field _R_OCCURRED = Field(EventRecord, "occurred")
-cdef Field _R_EXPIRES_AT = Field(EventRecord, "expires_at")
 
 
 cdef inline bint _small(object value):

@@ -65,6 +65,26 @@ def _copy(snapshot: Snapshot | None) -> Snapshot:
     )
 
 
+def _fast_core(python: Decider, plan: Any, decide_: Any, payment: Any, *more: Any) -> Any:
+    """A compiled core on ``python``'s rules that hands what it does not take to the
+    given Python paths (``more``: how it answers resends)."""
+    assert decide._fastcore is not None, "handlers._fastcore is not built"
+    return decide._fastcore.FastCore(
+        python._compiled,
+        python.rules.version,
+        decide.Applied,
+        decide.Outcome,
+        decide.OutcomeKind.VERDICT,
+        decide.escape,
+        decide._SHORT_KEY,
+        decide.AMOUNT_CEILING,
+        plan,
+        decide_,
+        payment,
+        *more,
+    )
+
+
 def test_the_generated_benchmark_stream_is_decided_alike() -> None:
     from schemas.rules import load_rules
 
@@ -78,21 +98,8 @@ def test_the_compiled_path_is_taken_for_ordinary_payments() -> None:
     def python_path(*_: object) -> None:
         raise AssertionError("an ordinary payment went to the Python path")
 
-    assert decide._fastcore is not None, "handlers._fastcore is not built"
     python = Decider(load_rules(EXAMPLE_RULES), compiled=False)
-    fast = decide._fastcore.FastCore(
-        python._compiled,
-        python.rules.version,
-        decide.Applied,
-        decide.Outcome,
-        decide.OutcomeKind.VERDICT,
-        decide.escape,
-        decide._SHORT_KEY,
-        decide.AMOUNT_CEILING,
-        python_path,
-        python_path,
-        python_path,
-    )
+    fast = _fast_core(python, python_path, python_path, python_path)
     state, expected = WorkingState(Snapshot()), WorkingState(Snapshot())
     for line in generated(300, accounts=20):
         event = parse_event(line)
@@ -166,21 +173,8 @@ def test_reversals_take_the_compiled_path_and_are_decided_alike() -> None:
     def no_python(*_: object) -> None:
         raise AssertionError("an ordinary payment went to the Python path")
 
-    assert decide._fastcore is not None, "handlers._fastcore is not built"
-    fast = decide._fastcore.FastCore(
-        python._compiled,
-        python.rules.version,
-        decide.Applied,
-        decide.Outcome,
-        decide.OutcomeKind.VERDICT,
-        decide.escape,
-        decide._SHORT_KEY,
-        decide.AMOUNT_CEILING,
-        no_python,
-        python_decide,
-        no_python,
-        decide.OutcomeKind.DUPLICATE,
-        decide._reason_in,
+    fast = _fast_core(
+        python, no_python, python_decide, no_python, decide.OutcomeKind.DUPLICATE, decide._reason_in
     )
     state = WorkingState(Snapshot())
     reasons = []
