@@ -936,7 +936,7 @@ cdef class FastCore:
         cdef tuple keys, parts
         cdef object born
         cdef list periods, rules, released
-        cdef long long amount = 0, left = 0, count, used
+        cdef long long amount = 0, left = 0, reversed_before = 0, count, used
         cdef Py_ssize_t n = 0, i
         cdef bint known = amount_py is not None
         cdef bint fully = False
@@ -970,7 +970,8 @@ cdef class FastCore:
             held = _R_REVERSED.get(original)
             if currency is None or not _small(value) or not _small(held):
                 return None
-            left = <long long>value - <long long>held
+            reversed_before = held
+            left = <long long>value - reversed_before
             if not known:
                 if _E_AMOUNT_DECIMAL.get(event) is not None:
                     return None  # read in the original's currency
@@ -1019,10 +1020,8 @@ cdef class FastCore:
                 rules.append(r)
 
             # released
-            fully = <long long>_R_REVERSED.get(original) + amount >= <long long>_R_AMOUNT.get(
-                original
-            )
-            _R_REVERSED.set(original, _R_REVERSED.get(original) + amount)
+            fully = amount >= left  # what it had reversed and this reach its amount
+            _R_REVERSED.set(original, reversed_before + amount)
             PyDict_SetItem(<dict?>_W_DIRTY_EVENTS.get(state), original_id, original)
             dirty = <dict?>_W_DIRTY_BUCKETS.get(state)
             released = []
