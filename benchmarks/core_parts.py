@@ -33,15 +33,17 @@ class _ConstantEncoder:
 
 @contextmanager
 def _without(encoding: bool, explanation: bool) -> Iterator[None]:
-    saved = decide.verdict_encoder, decide._limit_state
+    # the module's own names, which its functions look up at each call
+    names = vars(decide)
+    saved = names["verdict_encoder"], names["_limit_state"]
     if encoding:
-        decide.verdict_encoder = _ConstantEncoder()  # type: ignore[assignment]
+        names["verdict_encoder"] = _ConstantEncoder()
     if explanation:
-        decide._limit_state = lambda *_: None  # type: ignore[assignment, return-value]
+        names["_limit_state"] = lambda *_: None
     try:
         yield
     finally:
-        decide.verdict_encoder, decide._limit_state = saved
+        names["verdict_encoder"], names["_limit_state"] = saved
 
 
 def _rate(parsed: list[Event]) -> float:

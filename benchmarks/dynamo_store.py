@@ -66,7 +66,7 @@ async def batched(endpoint_url: str, lines: list[bytes], batch_size: int) -> dic
 
 async def baseline(endpoint_url: str, lines: list[bytes]) -> dict[str, Any]:
     """One conditional UpdateItem per event per bucket rule, sequentially."""
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 
     decider = Decider(load_rules(str(RULES)))
     store = DynamoStore(f"seed{uuid.uuid4().hex[:8]}", endpoint_url=endpoint_url)

@@ -18,7 +18,7 @@ import signal
 import sys
 
 import msgspec
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # type: ignore[import-untyped]
 
 
 async def copy(bootstrap: str, source: str, target: str, group: str) -> None:

@@ -294,7 +294,7 @@ class _Handle:
             return self._process.log_text()
         if self._container is not None:
             out, err = self._container.get_logs()
-            return (out + err).decode(errors="replace")
+            return str((out + err).decode(errors="replace"))
         return ""
 
     def stop(self) -> None:
