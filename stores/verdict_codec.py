@@ -50,7 +50,7 @@ def pack_verdict(verdict: bytes) -> bytes:
     return _compress(verdict)
 
 
-def unpack_verdict(stored: bytes, codec: VerdictCodec | None = None) -> bytes:
+def unpack_verdict(stored: bytes | memoryview, codec: VerdictCodec | None = None) -> bytes:
     """The published verdict bytes of a stored one, in any of its forms; one compressed
     against a dictionary needs ``codec``, made from that dictionary (else ValueError)."""
     data = bytes(stored)

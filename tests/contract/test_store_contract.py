@@ -6,6 +6,7 @@ import json
 import sqlite3
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -361,9 +362,9 @@ async def purge(store: Store, bucket: str, event: str) -> None:
             db.execute("DELETE FROM buckets WHERE key = ?", (bucket,))
             db.execute("DELETE FROM events WHERE id = ?", (event,))
     elif isinstance(store, MongoStore):
-        db = store.client[store.database_name]
-        assert (await db["buckets"].delete_one({"_id": bucket})).deleted_count == 1
-        assert (await db["events"].delete_one({"_id": event})).deleted_count == 1
+        mongo = store.client[store.database_name]
+        assert (await mongo["buckets"].delete_one({"_id": bucket})).deleted_count == 1
+        assert (await mongo["events"].delete_one({"_id": event})).deleted_count == 1
     else:
         assert isinstance(store, DynamoStore)
         client = await store._dynamodb()
@@ -522,7 +523,7 @@ async def test_a_reversal_releases_nothing_from_a_bucket_that_expired_and_began_
     await store.init()
     engine = Engine(Decider(parse_rules(_LATE_RULES)), store)
 
-    async def decide(*lines: bytes) -> list[dict[str, object]]:
+    async def decide(*lines: bytes) -> list[dict[str, Any]]:
         out = []
         for group in [lines] if together else [[line] for line in lines]:
             results = await engine.process([Record(line, {"line": 0}) for line in group])
@@ -643,9 +644,9 @@ async def forget_life(store: Store, bucket: str, event: str) -> None:
             db.execute("UPDATE buckets SET born = NULL WHERE key = ?", (bucket,))
             db.execute("UPDATE events SET born = NULL WHERE id = ?", (event,))
     elif isinstance(store, MongoStore):
-        db = store.client[store.database_name]
+        mongo = store.client[store.database_name]
         for name, key in (("buckets", bucket), ("events", event)):
-            done = await db[name].update_one({"_id": key}, {"$unset": {"born": ""}})
+            done = await mongo[name].update_one({"_id": key}, {"$unset": {"born": ""}})
             assert done.modified_count == 1
     else:
         assert isinstance(store, DynamoStore)

@@ -18,12 +18,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # type: ignore[import-untyped]
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
 
 from benchmarks.generate import events as generated_events
 from tests.faust_worker import faust_worker
@@ -102,7 +102,7 @@ def per_account(verdicts: list[bytes]) -> dict[str, list[bytes]]:
     return by_account
 
 
-async def produce(kafka: KafkaBroker, topic: str, lines: list[bytes | None]) -> None:
+async def produce(kafka: KafkaBroker, topic: str, lines: Sequence[bytes | None]) -> None:
     """None: a record with no value (a tombstone), keyed ``gone``."""
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, linger_ms=5)
     await producer.start()
@@ -215,7 +215,7 @@ async def test_verdicts_equal_replay_and_topic_replay_repeats_them(
     assert len(expected_dead) >= len(BAD_INPUT)  # examples/events.jsonl has some too
     # and a tombstone, which a file cannot hold: a dead letter that says what it was
     await produce(kafka, topics.input, [*lines, None])
-    tombstone = {
+    tombstone: dict[str, object] = {
         "error": "invalid_json",
         "detail": "null record (no value: a tombstone): no JSON document",
         "raw": "",
@@ -248,7 +248,7 @@ async def test_verdicts_equal_replay_and_topic_replay_repeats_them(
 
     assert [without_source(d) for d in letters] == [without_source(d) for d in expected_dead]
     # record N of the topic is line N + 1 of the file (no blank lines)
-    offsets = {d["source"]["line"] - 1 for d in expected_dead}  # type: ignore[index, operator]
+    offsets = {d["source"]["line"] - 1 for d in expected_dead}  # type: ignore[index]
     assert {d["source"]["offset"] for d in letters} == offsets  # type: ignore[index]
     assert all(d["source"]["topic"] == topics.input for d in letters)  # type: ignore[index]
 

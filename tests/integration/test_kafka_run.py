@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.protocol.group import LeaveGroupRequest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
+from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
+from aiokafka.protocol.group import LeaveGroupRequest  # type: ignore[import-untyped]
 
 from stores.verdict_codec import VerdictCodec, unpack_verdict
 from tests.servers import kafka_broker
@@ -430,7 +430,7 @@ async def check_against_replay(
                 f"read {len(verdicts.by_source)} of {n_verdicts}: "
                 f"{sorted(verdicts.by_source)[:3]}"
             )
-            assert set(got) == {want_v}, f"{source}: {got} != {want_v}"
+            assert set(got) == {want_v}, f"{source}: {got} != {want_v!r}"
             if exactly_once:
                 assert len(got) == 1, f"{source} published {len(got)} times"
         else:
@@ -1139,11 +1139,11 @@ def test_ready_only_once_the_group_has_assigned_partitions(setup: Setup) -> None
         answers.append((status, json.loads(body)))
         time.sleep(0.05)
     assert answers and answers[-1][0] == 200, answers[-3:]
-    for status, body in answers:
+    for status, answer in answers:
         if status == 200:
-            assert body["state"] == "running" and body["assigned"], body
+            assert answer["state"] == "running" and answer["assigned"], answer
         else:
-            assert body["state"] == "starting", body
+            assert answer["state"] == "starting", answer
     assert setup.stop(proc) == 0
 
 

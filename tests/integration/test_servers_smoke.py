@@ -51,7 +51,7 @@ def noida() -> Iterator[KafkaBroker]:
 
 
 async def _create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
@@ -62,7 +62,7 @@ async def _create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None
 
 
 async def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
-    from aiokafka import AIOKafkaProducer
+    from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await producer.start()
@@ -171,7 +171,7 @@ async def test_tansu_has_no_producer_ids() -> None:
     If this starts failing, tansu gained support: update tests/servers.py docs.
     """
     from aiokafka import AIOKafkaProducer
-    from aiokafka.errors import KafkaError
+    from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
     with kafka_broker("tansu") as broker:
         producer = AIOKafkaProducer(
@@ -291,8 +291,8 @@ def dynamodb() -> Iterator[DynamoDBLocal]:
 
 
 async def test_dynamodb_transact_write_cancellation_and_batch_get(dynamodb: DynamoDBLocal) -> None:
-    import aioboto3
-    from botocore.config import Config
+    import aioboto3  # type: ignore[import-untyped]
+    from botocore.config import Config  # type: ignore[import-untyped]
 
     session = aioboto3.Session()
     config = Config(retries={"max_attempts": 1})

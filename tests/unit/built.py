@@ -37,3 +37,10 @@ def assert_built_after(extension: ModuleType | None, *sources: str) -> None:
             assert built >= source.stat().st_mtime, (
                 f"{name} changed since the extension was built: pip install -e ."
             )
+
+
+def private(module: ModuleType, name: str) -> Any:
+    """``module``'s own ``name``: a name it imported for itself (a compiled twin, or the
+    reference it falls back to), which mypy does not let another module read as an
+    attribute. Read at each call, so that what a test patches in is what it gets."""
+    return vars(module)[name]

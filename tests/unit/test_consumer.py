@@ -98,7 +98,7 @@ def _runner(consumer: _Consumer, engine: Engine, output: Output | None = None) -
     return VelocityConsumer(
         settings,
         engine,
-        consumer,  # type: ignore[arg-type]
+        consumer,
         output or _FencingRefused(),
         Health(metrics),
         metrics,
@@ -255,7 +255,7 @@ async def _one_of_two_lost(
     runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
     runner.output = _LosesOnePartition(lost)
     batch = {tp: [_Record(tp, n) for n in range(100, 103)] for tp in (kept, lost)}
-    await runner._handle(batch)  # type: ignore[arg-type]
+    await runner._handle(batch)
     return runner, kept, lost
 
 

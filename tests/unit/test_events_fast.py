@@ -32,7 +32,7 @@ from schemas.events import (
     event_from_dict,
     parse_event,
 )
-from tests.unit.built import assert_built_after
+from tests.unit.built import assert_built_after, private
 
 
 def _fields(event: Event) -> list[tuple[str, str, str]]:
@@ -50,7 +50,7 @@ def _outcome(parse: Any, value: Any) -> tuple[str, Any]:
         return ("rejected", (exc.error, exc.detail, exc.args))
 
 
-_compiled = None if parsing._fastparse is None else parsing._fast_event
+_compiled = None if private(parsing, "_fastparse") is None else parsing._fast_event
 """The compiled ``_common_event``, when the extension is built."""
 needs_compiled = pytest.mark.skipif(
     _compiled is None,
@@ -85,7 +85,7 @@ def _assert_paths_agree(doc: dict[str, Any]) -> None:
     assert _outcome(event_from_dict, doc) == general
 
 
-_ID = st.one_of(
+_ID: st.SearchStrategy[Any] = st.one_of(
     st.sampled_from(["e", "x" * 128, "x" * 129, "", "账户-1", "a|b", 5, True, None, ["a"], {}]),
     st.text(max_size=130),
 )
@@ -383,9 +383,9 @@ def test_every_generated_benchmark_event_takes_the_compiled_path() -> None:
 
 @needs_compiled
 def test_event_from_dict_uses_the_compiled_path() -> None:
-    assert parsing._fastparse is not None
+    assert private(parsing, "_fastparse") is not None
     assert isinstance(
-        getattr(parsing._fast_event, "__self__", None), parsing._fastparse.CommonEvent
+        getattr(parsing._fast_event, "__self__", None), private(parsing, "_fastparse").CommonEvent
     )
 
 
@@ -438,7 +438,7 @@ def test_importing_the_extension_first_works() -> None:
 @needs_compiled
 def test_the_built_extension_is_not_older_than_its_source() -> None:
     """An edit to ``_fastparse.pyx`` takes effect only once built again."""
-    assert_built_after(parsing._fastparse, "schemas/_fastparse.pyx")
+    assert_built_after(private(parsing, "_fastparse"), "schemas/_fastparse.pyx")
 
 
 _DEEP_EXTRA: bytes = (

@@ -4,6 +4,7 @@ same dead letters, same state, on the same streams."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -20,7 +21,7 @@ from schemas.amounts import format_minor
 from schemas.events import EventRejected, EventType, parse_event
 from schemas.rules import RuleSet, parse_rules
 from stores.base import LATEST_EXPIRY, expire, stamp
-from tests.unit.built import SLOTS, assert_built_after
+from tests.unit.built import SLOTS, assert_built_after, private
 from tests.unit.test_decide import RULES
 
 EXAMPLE_RULES = "examples/rules.yaml"
@@ -33,7 +34,7 @@ def both(rules: RuleSet) -> tuple[Decider, Decider]:
     return compiled, python
 
 
-def outcomes(decider: Decider, lines: list[bytes | str], state: WorkingState) -> list[Any]:
+def outcomes(decider: Decider, lines: Sequence[bytes | str], state: WorkingState) -> list[Any]:
     """Each line's outcome, or the dead letter that parsing or planning gave it."""
     results: list[Any] = []
     for line in lines:
@@ -45,7 +46,9 @@ def outcomes(decider: Decider, lines: list[bytes | str], state: WorkingState) ->
     return results
 
 
-def assert_same(rules: RuleSet, lines: list[bytes | str], snapshot: Snapshot | None = None) -> None:
+def assert_same(
+    rules: RuleSet, lines: Sequence[bytes | str], snapshot: Snapshot | None = None
+) -> None:
     compiled, python = both(rules)
     fast_state = WorkingState(_copy(snapshot))
     slow_state = WorkingState(_copy(snapshot))
@@ -68,8 +71,8 @@ def _copy(snapshot: Snapshot | None) -> Snapshot:
 def _fast_core(python: Decider, plan: Any, decide_: Any, payment: Any, *more: Any) -> Any:
     """A compiled core on ``python``'s rules that hands what it does not take to the
     given Python paths (``more``: how it answers resends)."""
-    assert decide._fastcore is not None, "handlers._fastcore is not built"
-    return decide._fastcore.FastCore(
+    assert private(decide, "_fastcore") is not None, "handlers._fastcore is not built"
+    return private(decide, "_fastcore").FastCore(
         python._compiled,
         python.rules.version,
         decide.Applied,
@@ -233,14 +236,16 @@ def test_reversals_take_the_compiled_path_and_are_decided_alike() -> None:
 )
 def test_a_resend_gets_the_reason_its_verdict_names(verdict: bytes, read_in_place: bool) -> None:
     """Read where the verdict has it, else by decoding the whole of it."""
-    assert decide._fastcore is not None, "handlers._fastcore is not built"
+    assert private(decide, "_fastcore") is not None, "handlers._fastcore is not built"
     decoded: list[bytes] = []
 
     def reason_in(text: bytes) -> Any:
         decoded.append(text)
         return decide._reason_in(text)
 
-    assert decide._fastcore.stored_reason(verdict, reason_in) == decide._reason_in(verdict)
+    assert private(decide, "_fastcore").stored_reason(verdict, reason_in) == decide._reason_in(
+        verdict
+    )
     assert not decoded if read_in_place else decoded == [verdict]
 
 
@@ -421,10 +426,10 @@ def test_buckets_near_the_integer_limits_are_decided_alike(count: int, amount: i
 def test_the_verdict_writer_writes_numbers_as_the_python_path(value: int, exponent: int) -> None:
     """Amounts as ``format_minor`` writes them, counts as ``str``: every digit count,
     every exponent, leading zeros after the point, signs."""
-    assert decide._fastcore is not None, "handlers._fastcore is not built"
-    written = decide._fastcore.json_number(value, exponent, True)
+    assert private(decide, "_fastcore") is not None, "handlers._fastcore is not built"
+    written = private(decide, "_fastcore").json_number(value, exponent, True)
     assert written == json.dumps(format_minor(value, exponent)).encode()
-    assert decide._fastcore.json_number(value, exponent, False) == str(value).encode()
+    assert private(decide, "_fastcore").json_number(value, exponent, False) == str(value).encode()
 
 
 @pytest.mark.parametrize("seq", [1.5e20, float("inf"), 2.5, 2**64, -(2**64)])  # NaN != NaN
@@ -462,7 +467,7 @@ def test_without_the_extension_the_python_path_decides(monkeypatch: Any) -> None
 def test_the_built_extension_is_not_older_than_its_source() -> None:
     """An edit to ``_fastcore.pyx``, or to the ``_slots`` code it takes in, takes effect
     only once built again."""
-    assert_built_after(decide._fastcore, "handlers/_fastcore.pyx", *SLOTS)
+    assert_built_after(private(decide, "_fastcore"), "handlers/_fastcore.pyx", *SLOTS)
 
 
 def test_every_attribute_the_compiled_path_reads_is_read_in_its_slot() -> None:
@@ -470,9 +475,9 @@ def test_every_attribute_the_compiled_path_reads_is_read_in_its_slot() -> None:
     attribute to ``getattr`` would show here first."""
     from schemas.rules import load_rules
 
-    assert decide._fastcore is not None, "handlers._fastcore is not built"
+    assert private(decide, "_fastcore") is not None, "handlers._fastcore is not built"
     Decider(load_rules(EXAMPLE_RULES))  # the first one finds _CompiledRule.fast
-    fields = decide._fastcore.slot_fields()
+    fields = private(decide, "_fastcore").slot_fields()
     assert len(fields) == 48
     assert all(fields.values()), fields
 
@@ -515,22 +520,22 @@ def test_keys_and_take_writes_are_the_same_both_ways() -> None:
     ``WorkingState._take_writes``, on the same decided stream."""
     from schemas.rules import load_rules
 
-    assert decide._fastcore is not None, "handlers._fastcore is not built"
+    assert private(decide, "_fastcore") is not None, "handlers._fastcore is not built"
     rules = load_rules(EXAMPLE_RULES)
     python = Decider(rules, compiled=False)
     lines = list(generated(3_000, accounts=40, merchants=6))
     events = [parse_event(line) for line in lines]
     plans = [python.plan(event) for event in events]
-    assert decide._fastcore.keys(events, plans) == Decider.keys(events, plans)
+    assert private(decide, "_fastcore").keys(events, plans) == Decider.keys(events, plans)
     assert any(event.original_event_id for event in events)
     with pytest.raises(ValueError):
-        decide._fastcore.keys(events, plans[:-1])
+        private(decide, "_fastcore").keys(events, plans[:-1])
     states = WorkingState(Snapshot()), WorkingState(Snapshot())
     for state in states:
         outcomes(python, lines[:1_500], state)
         state.take_writes()  # versions 1: then the same records change again
         outcomes(python, lines[1_500:], state)
-    compiled_writes = decide._fastcore.take_writes(states[0])
+    compiled_writes = private(decide, "_fastcore").take_writes(states[0])
     python_writes = states[1]._take_writes()
     assert compiled_writes == python_writes
     assert max(b.version for b in compiled_writes.buckets.values()) == 2
@@ -587,13 +592,13 @@ def test_stamp_is_the_same_both_ways(
 ) -> None:
     """``handlers._fastcore.stamp`` against ``stores.base.stamp``: the expiries held, and
     every record as stamped, integers past 62 bits included (worked out in Python)."""
-    assert decide._fastcore is not None, "handlers._fastcore is not built"
+    assert private(decide, "_fastcore") is not None, "handlers._fastcore is not built"
     python = Writes(
         {k: b.copy() for k, b in writes.buckets.items()},
         {},
         {k: r.copy() for k, r in writes.events.items()},
     )
-    held = decide._fastcore.stamp(writes, now, bucket_seconds, event_seconds, latest)
+    held = private(decide, "_fastcore").stamp(writes, now, bucket_seconds, event_seconds, latest)
     assert held == stamp(python, now, bucket_seconds, event_seconds, latest)
     assert [astuple(b) for b in writes.buckets.values()] == [
         astuple(b) for b in python.buckets.values()
@@ -606,14 +611,14 @@ def test_stamp_is_the_same_both_ways(
 def test_stores_stamp_with_the_compiled_twin() -> None:
     from stores import base
 
-    assert base._stamp is decide._fastcore.stamp  # type: ignore[union-attr]
+    assert private(base, "_stamp") is private(decide, "_fastcore").stamp
 
 
 @given(_writes(), st.integers(min_value=0, max_value=2**71))
 def test_expire_is_the_same_both_ways(writes: Writes, now: int) -> None:
     """``handlers._fastcore.expire`` against ``stores.base.expire``, on snapshots of
     records with and without expiries, some past ``now``."""
-    assert decide._fastcore is not None, "handlers._fastcore is not built"
+    assert private(decide, "_fastcore") is not None, "handlers._fastcore is not built"
 
     def snapshot() -> Snapshot:
         return Snapshot(
@@ -623,7 +628,7 @@ def test_expire_is_the_same_both_ways(writes: Writes, now: int) -> None:
         )
 
     compiled, python = snapshot(), snapshot()
-    decide._fastcore.expire(compiled, now)
+    private(decide, "_fastcore").expire(compiled, now)
     expire(python, now)
     assert compiled == python
     assert [astuple(b) for b in compiled.buckets.values()] == [
@@ -635,4 +640,4 @@ def test_expire_is_the_same_both_ways(writes: Writes, now: int) -> None:
 def test_stores_expire_with_the_compiled_twin() -> None:
     from stores import base
 
-    assert base._expire is decide._fastcore.expire  # type: ignore[union-attr]
+    assert private(base, "_expire") is private(decide, "_fastcore").expire

@@ -21,7 +21,7 @@ from stores import memory
 from stores.base import Expected
 from stores.memory import MemoryStore
 from streams.engine import Engine, Record
-from tests.unit.built import SLOTS, assert_built_after
+from tests.unit.built import SLOTS, assert_built_after, private
 
 RULES = Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"
 NOW = 1_772_400_000
@@ -75,11 +75,15 @@ _INT64 = st.integers(-(2**63) + 1, 2**63 - 1)
 def test_a_bucket_is_packed_alike(
     count: int, amount: int, version: int, period_end: int | None, expires_at: int | None, born: int
 ) -> None:
-    assert memory._fastmemory is not None, "stores._fastmemory is not built"
+    assert private(memory, "_fastmemory") is not None, "stores._fastmemory is not built"
     bucket = Bucket(count, amount, version, period_end, expires_at, born)
-    packed = memory._fastmemory.pack_bucket(bucket)
+    packed = private(memory, "_fastmemory").pack_bucket(bucket)
     assert packed == memory._pack_bucket(bucket)
-    assert memory._fastmemory.unpack_bucket(packed) == memory._unpack_bucket(packed) == bucket
+    assert (
+        private(memory, "_fastmemory").unpack_bucket(packed)
+        == memory._unpack_bucket(packed)
+        == bucket
+    )
 
 
 def _record(version: int, expires_at: int | None) -> EventRecord:
@@ -177,8 +181,8 @@ async def test_a_damaged_record_is_rejected_alike() -> None:
 
 
 def test_every_attribute_the_compiled_store_reads_is_read_in_its_slot() -> None:
-    assert memory._fastmemory is not None, "stores._fastmemory is not built"
-    fields = memory._fastmemory.slot_fields()
+    assert private(memory, "_fastmemory") is not None, "stores._fastmemory is not built"
+    fields = private(memory, "_fastmemory").slot_fields()
     assert len(fields) == 33
     assert all(fields.values()), fields
 
@@ -186,4 +190,4 @@ def test_every_attribute_the_compiled_store_reads_is_read_in_its_slot() -> None:
 def test_the_built_extension_is_not_older_than_its_source() -> None:
     """An edit to ``_fastmemory.pyx`` (or to the ``_slots`` code it takes in) takes effect
     only once built again."""
-    assert_built_after(memory._fastmemory, "stores/_fastmemory.pyx", *SLOTS)
+    assert_built_after(private(memory, "_fastmemory"), "stores/_fastmemory.pyx", *SLOTS)

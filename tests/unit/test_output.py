@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 import pytest
-from aiokafka import errors as kafka_errors
+from aiokafka import errors as kafka_errors  # type: ignore[import-untyped]
 from aiokafka.producer.message_accumulator import BatchBuilder  # type: ignore[import-untyped]
 
 from streams.output import Message, send_all
@@ -130,7 +130,7 @@ async def test_one_key_stays_on_one_partition_in_order() -> None:
 async def test_a_batch_of_verdicts_goes_out_in_one_record_batch_per_partition(codec: str) -> None:
     # with 256 KB batches a partition's share of a 2,000-event batch took two produce
     # round trips, one after the other; the batch must still fit the broker's limit
-    from aiokafka.record.default_records import (  # type: ignore[import-untyped]
+    from aiokafka.record.default_records import (
         DefaultRecordBatch,
     )
 
@@ -240,7 +240,7 @@ async def test_after_a_failed_transaction_only_what_lies_past_the_committed_offs
 ) -> None:
     # After a rewind, the batch that follows a failed transaction starts where that one
     # started and may reach further: whatever it committed must not be published again.
-    from aiokafka import TopicPartition  # type: ignore[import-untyped]
+    from aiokafka import TopicPartition
 
     from streams import output
 
@@ -253,12 +253,12 @@ async def test_after_a_failed_transaction_only_what_lies_past_the_committed_offs
     monkeypatch.setattr(output, "send_all", recorded_send_all)
     consumer = _Committed(committed)
     transactional = output.TransactionalOutput(
-        lambda _: None,  # type: ignore[arg-type,return-value]
-        consumer,  # type: ignore[arg-type]
+        lambda _: None,
+        consumer,
         "g",
     )
     producer = _Transactions()
-    transactional.producers[tp] = producer  # type: ignore[assignment]
+    transactional.producers[tp] = producer
     transactional._unsure.add(tp)
     batch = [Message("v", b"a", b"%d" % n, [], n) for n in range(100, 104)]
     await transactional._transact_once(tp, batch, 104)
@@ -292,11 +292,11 @@ async def test_a_transaction_that_failed_before_it_began_checks_the_committed_of
 
     tp = TopicPartition("in", 0)
     transactional = output.TransactionalOutput(
-        lambda _: None,  # type: ignore[arg-type,return-value]
-        _Committed(None),  # type: ignore[arg-type]
+        lambda _: None,
+        _Committed(None),
         "g",
     )
-    transactional.producers[tp] = _FencedAtBegin()  # type: ignore[assignment]
+    transactional.producers[tp] = _FencedAtBegin()
     batch = [Message("v", b"a", b"1", [], 1)]
     with pytest.raises(PartitionLost):
         await transactional._transact(tp, batch, 2)
@@ -331,8 +331,8 @@ async def test_a_take_over_the_brokers_do_not_answer_is_an_outage_not_a_hang() -
     from streams.output import TransactionalOutput
 
     transactional = TransactionalOutput(
-        lambda _: _Startable(),  # type: ignore[arg-type,return-value]
-        _Unanswered(),  # type: ignore[arg-type]
+        lambda _: _Startable(),
+        _Unanswered(),
         "g",
         timeout=0.05,
     )

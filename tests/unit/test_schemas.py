@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
 

@@ -257,7 +257,7 @@ def test_run_help_names_every_setting_and_its_variable() -> None:
 async def test_every_offered_compression_can_publish(codec: str) -> None:
     # aiokafka's codecs come from an optional package (cramjam): without it a producer
     # with the default compression cannot even be built, and `run` dies at start
-    from aiokafka.producer.producer import AIOKafkaProducer
+    from aiokafka.producer.producer import AIOKafkaProducer  # type: ignore[import-untyped]
 
     producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9", compression_type=codec)
     await producer.stop()  # never started: nothing to connect to or close

@@ -18,7 +18,7 @@ from schemas.rules import load_rules
 from stores import sqlite
 from stores.base import LATEST_EXPIRY, stamp
 from stores.verdict_codec import pack_verdict
-from tests.unit.built import SLOTS, assert_built_after, optional
+from tests.unit.built import SLOTS, assert_built_after, optional, private
 
 _fastsqlite, needs_compiled = optional("stores._fastsqlite")
 RULES = Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"
@@ -100,8 +100,8 @@ def test_buckets_read_the_same_both_ways() -> None:
 
 @needs_compiled
 def test_the_store_uses_the_compiled_loops() -> None:
-    assert sqlite._rows is _fastsqlite.rows
-    assert sqlite._buckets_into is _fastsqlite.buckets_into
+    assert private(sqlite, "_rows") is _fastsqlite.rows
+    assert private(sqlite, "_buckets_into") is _fastsqlite.buckets_into
     fields = _fastsqlite.slot_fields()
     assert len(fields) == 22
     assert all(fields.values()), fields

@@ -242,7 +242,7 @@ def _as_tuples(snapshot: Snapshot) -> tuple[dict[str, tuple[object, ...]], ...]:
     """Every field of every record of ``snapshot``, to compare two reads."""
 
     def fields(record: Bucket | Account | EventRecord) -> tuple[object, ...]:
-        return tuple(getattr(record, name) for name in record.__slots__)
+        return tuple(getattr(record, name) for name in record.__struct_fields__)
 
     return tuple(
         {key: fields(record) for key, record in table.items()}
