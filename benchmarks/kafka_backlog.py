@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # type: ignore[import-untyped]
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
@@ -41,14 +42,24 @@ from tests.servers import kafka_broker  # noqa: E402
 TOPICS = ("backlog-events", "backlog-verdicts", "backlog-dead")
 
 
-async def produce(bootstrap: str, lines: list[bytes]) -> None:
+async def create_topics(bootstrap: str, names: tuple[str, ...]) -> None:
+    """Topics of 6 partitions, one replica."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(name, 6, 1) for name in TOPICS])
+        await admin.create_topics([NewTopic(name, 6, 1) for name in names])
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=256 * 1024)
+
+
+def new_producer(bootstrap: str) -> Any:
+    """A producer that fills large batches, to load a backlog fast (not started)."""
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=256 * 1024)
+
+
+async def produce(bootstrap: str, lines: list[bytes]) -> None:
+    await create_topics(bootstrap, TOPICS)
+    producer = new_producer(bootstrap)
     await producer.start()
     try:
         sent = [

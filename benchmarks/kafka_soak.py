@@ -28,13 +28,13 @@ import time
 from datetime import date, timedelta
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # type: ignore[import-untyped]
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+from aiokafka import AIOKafkaConsumer  # type: ignore[import-untyped]
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.generate import events as generated_events  # noqa: E402
+from benchmarks.kafka_backlog import create_topics, new_producer  # noqa: E402
 from tests.servers import kafka_broker  # noqa: E402
 
 TOPICS = ("soak-events", "soak-verdicts", "soak-dead")
@@ -62,13 +62,8 @@ def memory_kib(pid: int) -> tuple[int, int]:
 
 
 async def soak(bootstrap: str, worker: subprocess.Popen[bytes], waves: int, count: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, 6, 1) for name in TOPICS])
-    finally:
-        await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=256 * 1024)
+    await create_topics(bootstrap, TOPICS)
+    producer = new_producer(bootstrap)
     reader = AIOKafkaConsumer(
         TOPICS[1], TOPICS[2], bootstrap_servers=bootstrap, auto_offset_reset="earliest"
     )
