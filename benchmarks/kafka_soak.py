@@ -54,11 +54,12 @@ def wave(number: int, count: int) -> list[tuple[bytes, bytes]]:
 
 def memory_kib(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of process ``pid``, in KiB."""
-    fields = {}
+    kib = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         name, _, value = line.partition(":")
-        fields[name] = value.split()[0] if value.split() else "0"
-    return int(fields["VmRSS"]), int(fields["VmHWM"])
+        if name in ("VmRSS", "VmHWM"):
+            kib[name] = int(value.split()[0])
+    return kib["VmRSS"], kib["VmHWM"]
 
 
 async def soak(bootstrap: str, worker: subprocess.Popen[bytes], waves: int, count: int) -> None:
