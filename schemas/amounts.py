@@ -7,7 +7,7 @@ so ``0.1`` stays one tenth and limits compare exactly.
 from __future__ import annotations
 
 import re
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Final
 
 _PLAIN = re.compile(r"(\d{1,30})(?:\.(\d{1,30}))?", re.ASCII)
@@ -44,7 +44,12 @@ def to_decimal(value: object) -> Decimal:
         text = value.strip(JSON_BLANKS)
         if not _DECIMAL.fullmatch(text):
             raise AmountError(f"{value!r} is not a decimal number")
-        number = Decimal(text)
+        try:
+            number = Decimal(text)
+        except InvalidOperation:  # an exponent of 10**18 or more: no Decimal holds it
+            if text.lower().rpartition("e")[2].startswith("-"):
+                raise _too_fine(value) from None
+            raise _too_large(value) from None
     else:
         raise AmountError(f"must be a decimal string or number, got {type(value).__name__}")
     if not number.is_finite():
@@ -54,7 +59,7 @@ def to_decimal(value: object) -> Decimal:
     if number and number.adjusted() >= MAX_DIGITS:
         raise _too_large(value)
     if number and number.adjusted() < -MAX_DIGITS:
-        raise AmountError(f"{value!r} has more fraction digits than any currency allows")
+        raise _too_fine(value)
     return number
 
 
@@ -145,6 +150,10 @@ def _not_positive(value: object, allow_zero: bool) -> AmountError:
 
 def _too_large(value: object) -> AmountError:
     return AmountError(f"{value!r} is too large: at most {MAX_DIGITS} digits in minor units")
+
+
+def _too_fine(value: object) -> AmountError:
+    return AmountError(f"{value!r} has more fraction digits than any currency allows")
 
 
 def format_minor(minor: int, exponent: int) -> str:

@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Final, TypeGuard
 
 import msgspec
@@ -235,6 +235,13 @@ def decode_json(raw: bytes | str) -> Any:
     except RecursionError:
         raise EventRejected(
             DeadLetterError.INVALID_JSON, "not valid JSON here: nested too deeply to decode"
+        ) from None
+    except InvalidOperation:
+        # a number of 10**(10**18) or more (or as small): ``Decimal``, the decoder's
+        # float_hook, refuses it; the error it raised stopped the consumer on every retry
+        raise EventRejected(
+            DeadLetterError.INVALID_JSON,
+            "not valid JSON here: a number's exponent is out of range (10^18 or more)",
         ) from None
     if type(doc) is dict:
         text = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")

@@ -6,7 +6,7 @@ import enum
 import functools
 import hashlib
 import re
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
@@ -203,6 +203,12 @@ class _RulesLoader(yaml.SafeLoader):
     def construct_yaml_float(self, node: yaml.ScalarNode) -> _Float | _Unclear:  # type: ignore[override]
         if not _YAML_DECIMAL_FLOAT.fullmatch(node.value):
             return _Unclear(node, "a float", "write a plain decimal, or quote it")
+        try:
+            Decimal(node.value)
+        except InvalidOperation:  # an exponent of 10**18 or more: no Decimal holds it
+            return _Unclear(
+                node, "a number out of range", "no decimal holds an exponent of 10^18 or more"
+            )
         return _Float(node.value)
 
     def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> str:  # type: ignore[override]

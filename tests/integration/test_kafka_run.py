@@ -641,15 +641,16 @@ def test_a_stop_while_waiting_to_join_again_ends_at_once(setup: Setup) -> None:
 
 async def test_bad_input_only_goes_to_the_dead_letter_topic(setup: Setup) -> None:
     deep = b'{"event_id": "deep", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    lines = [b"{oops", b"", b"\xff\x00", json.dumps({"event_id": "e1"}).encode(), deep]
+    huge = b'{"event_id": "huge", "x": 1e99999999999999999999}'  # no Decimal holds it
+    lines = [b"{oops", b"", b"\xff\x00", json.dumps({"event_id": "e1"}).encode(), deep, huge]
     sources = await produce(setup.bootstrap, setup.topics[0], [*lines, None])
     proc = setup.run()
-    await check_against_replay(setup, lines[:1] + lines[2:], sources[:1] + sources[2:5])
+    await check_against_replay(setup, lines[:1] + lines[2:], sources[:1] + sources[2:6])
     # an empty value and a null one (a tombstone) are dead letters too, which a file
     # cannot express; each says which it was
-    letters = await read_topic(setup.bootstrap, setup.topics[2], until=6)
+    letters = await read_topic(setup.bootstrap, setup.topics[2], until=7)
     empty = json.loads(letters.by_source[sources[1]][0])
-    null = json.loads(letters.by_source[sources[5]][0])
+    null = json.loads(letters.by_source[sources[6]][0])
     assert (empty["error"], empty["raw"], empty["detail"]) == (
         "invalid_json",
         "",

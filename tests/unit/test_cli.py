@@ -302,6 +302,21 @@ def test_a_non_utf8_line_is_dead_lettered_with_its_exact_bytes(odd_run: Run) -> 
     assert base64.b64decode(letter["raw_base64"]) == NON_UTF8
 
 
+def test_a_number_out_of_decimals_range_is_a_dead_letter_and_the_replay_goes_on(
+    replay: Replay, tmp_path: Path
+) -> None:
+    # it stopped replay with a traceback, the lines before it in its batch in neither
+    # output, and a sqlite store stuck on it on every rerun
+    huge = pay("p2")[:-1] + ', "x": 1e99999999999999999999}'
+    lines = [pay("p1"), huge, pay("p3")]
+    result, out, dead = replay(lines, store=f"sqlite:///{tmp_path / 'store.db'}")
+    assert summary(jsonl(out)) == [("p1", "accept", None, 1), ("p3", "accept", None, 2)]
+    assert [(d["error"], d["source"]["line"], d["raw"]) for d in jsonl(dead)] == [
+        ("invalid_json", 2, huge)
+    ]
+    assert result.stderr.decode().startswith("3 events: 2 accepted")
+
+
 def test_an_input_of_only_blank_lines_gives_empty_outputs(replay: Replay) -> None:
     result, out, dead = replay(["", "  ", "\t"])
     assert (out, dead) == (b"", b"")

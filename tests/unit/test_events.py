@@ -609,6 +609,44 @@ def test_a_record_nested_too_deeply_to_decode_is_a_dead_letter_not_a_crash(depth
         assert error.error in (DeadLetterError.INVALID_JSON, DeadLetterError.INVALID_EVENT)
 
 
+@pytest.mark.parametrize(
+    "number", ["1e99999999999999999999", "10e999999999999999999", "-1e-1999999999999999998"]
+)
+@pytest.mark.parametrize("where", ["alone", "amount", "extra field", "scope field"])
+def test_a_number_no_decimal_holds_is_a_dead_letter_not_a_crash(number: str, where: str) -> None:
+    # Decimal (the decoder's float_hook) raised InvalidOperation for an exponent of 10**18
+    # or more: replay stopped with a traceback, and `run` would stop on the same record
+    # after every restart
+    base = json.dumps(payment())[:-1]
+    raw = {
+        "alone": number,
+        "amount": base.replace('"amount": "10.50"', f'"amount": {number}') + "}",
+        "extra field": f'{base}, "x": {number}}}',
+        "scope field": f'{base}, "card_id": {number}}}',
+    }[where]
+    assert number in raw
+    error = refused(raw)
+    assert error.error is DeadLetterError.INVALID_JSON
+    assert error.detail == (
+        "not valid JSON here: a number's exponent is out of range (10^18 or more)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("amount", "says"),
+    [
+        ("1e99999999999999999999", "is too large"),
+        ("1e-99999999999999999999", "more fraction digits than any currency allows"),
+    ],
+)
+def test_an_amount_string_no_decimal_holds_is_invalid_not_a_crash(amount: str, says: str) -> None:
+    for doc in (payment(amount=amount), reversal(amount=amount)):
+        error = refused(doc)
+        assert error.error is DeadLetterError.INVALID_EVENT
+        assert error.detail.startswith(f"amount: {amount!r}")
+        assert says in error.detail
+
+
 @pytest.mark.parametrize("raw", ["[1, 2]", "[]", '"evt-1"', "42", "null", "true"])
 def test_json_that_is_not_an_object_is_invalid_event(raw: str) -> None:
     error = refused(raw)

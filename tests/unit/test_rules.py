@@ -403,6 +403,24 @@ def test_a_limit_beyond_15_digits_in_minor_units_is_refused_by_name() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        'max_amount: "1e99999999999999999999"',
+        "max_amount: 1.0e+1000000000000000000",
+        "max_count: 1.0e+1000000000000000000",
+        "max_count: 1\nmatch: {mcc: [1.0e+1000000000000000000]}",
+    ],
+)
+def test_a_number_no_decimal_holds_is_refused_by_name_not_a_crash(line: str) -> None:
+    # Decimal raised InvalidOperation for an exponent of 10**18 or more: `rules check`
+    # and every command reading the file ended in a traceback
+    message = refusal(one_rule(f"window: day\ncurrency: CNY\n{line}"))
+    field = "match.mcc" if "match" in line else line.split(":")[0]
+    assert message.startswith(f"rule 'r1': {field}: ")
+    assert "too large" in message or "no decimal holds an exponent of 10^18 or more" in message
+
+
 # --- YAML 1.1 readings that are not what the file says -----------------------------------
 
 
