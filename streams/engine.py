@@ -120,6 +120,23 @@ class Engine:
                     detail=exc.detail,
                     event_id=_event_id_hint(record.raw),
                 )
+            except MemoryError:
+                raise
+            except Exception as exc:
+                # a defect in reading a record (a number out of Decimal's range once raised
+                # here): dead-lettered with its bytes, not left to stop the consumer on
+                # every retry of its batch; the traceback goes to the log
+                log.exception("a record could not be read: %s", record.source)
+                results[index] = Result(
+                    record,
+                    OutcomeKind.DEAD_LETTER,
+                    error=DeadLetterError.INVALID_EVENT,
+                    detail=(
+                        f"could not be read: {type(exc).__name__}: {exc}"
+                        " (unexpected: a defect of limitflow, logged)"
+                    ),
+                    event_id=None,
+                )
         attempt = 0
         while pending:
             try:

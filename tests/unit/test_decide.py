@@ -546,3 +546,53 @@ def test_a_duplicate_carries_its_original_reason_for_the_metrics() -> None:
         ("duplicate", "limit_exceeded"),
         ("duplicate", "original_not_found"),
     ]
+
+
+def test_a_record_that_reading_fails_on_unexpectedly_is_a_dead_letter_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a defect in reading one record (a number out of Decimal's range once raised
+    # InvalidOperation here) stopped replay, and `run` on every retry of its batch: the
+    # record is dead-lettered with its bytes, the rest of the batch decided
+    from schemas.events import parse_event as real
+
+    def flawed(raw: bytes | str) -> Any:
+        if b"poison" in (raw if isinstance(raw, bytes) else raw.encode()):
+            raise ArithmeticError("a reader's defect")
+        return real(raw)
+
+    monkeypatch.setattr("streams.engine.parse_event", flawed)
+    engine = Engine(Decider(parse_rules(RULES)), MemoryStore())
+    lines = [pay("e1", "10.00"), pay("poison", "10.00"), pay("e2", "20.00")]
+    with caplog.at_level("ERROR", logger="limitflow.engine"):
+        results = asyncio.run(
+            engine.process([Record(x.encode(), {"line": n}) for n, x in enumerate(lines, 1)])
+        )
+    assert [r.kind for r in results] == [
+        OutcomeKind.VERDICT,
+        OutcomeKind.DEAD_LETTER,
+        OutcomeKind.VERDICT,
+    ]
+    dead = results[1]
+    assert dead.error is not None and dead.error.value == "invalid_event"
+    assert dead.detail == (
+        "could not be read: ArithmeticError: a reader's defect"
+        " (unexpected: a defect of limitflow, logged)"
+    )
+    assert dead.record.raw == lines[1].encode()
+    assert [json.loads(r.verdict or b"")["seq"] for r in (results[0], results[2])] == [1, 2]
+    assert "a record could not be read: {'line': 2}" in caplog.text
+    assert "ArithmeticError" in caplog.text  # with its traceback
+
+
+def test_running_out_of_memory_while_reading_is_not_a_dead_letter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the machine's state, not the record's: the batch fails, to be retried
+    def exhausted(raw: bytes | str) -> Any:
+        raise MemoryError
+
+    monkeypatch.setattr("streams.engine.parse_event", exhausted)
+    engine = Engine(Decider(parse_rules(RULES)), MemoryStore())
+    with pytest.raises(MemoryError):
+        asyncio.run(engine.process([Record(pay("e1", "10.00").encode(), {"line": 1})]))
