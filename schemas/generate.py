@@ -77,7 +77,7 @@ def _tighten(name: str, defs: dict[str, Any]) -> None:
             {"if": _present("max_amount"), "then": _present("currency")},
             {
                 "if": {"properties": {"window": {"const": "transaction"}}},
-                "then": _present("max_amount"),
+                "then": {"allOf": [_present("max_amount"), {"not": _present("max_count")}]},
             },
         ]
 

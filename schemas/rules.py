@@ -334,6 +334,13 @@ def _compile(doc: RuleDoc) -> Rule:
             raise RulesError(f"{where}: max_amount: {exc}") from None
     if doc.window is Window.TRANSACTION and max_amount is None:
         raise RulesError(f"{where}: a transaction window limits the amount: set max_amount")
+    if doc.window is Window.TRANSACTION and doc.max_count is not None:
+        # it was taken and never checked: `max_count: 0` read as "no payment at all"
+        # while every payment under max_amount was accepted
+        raise RulesError(
+            f"{where}: max_count: a transaction window counts nothing (each payment is"
+            " checked alone against max_amount): remove it, or use another window"
+        )
     match: list[tuple[str, frozenset[str]]] = []
     for field, allowed in (doc.match or {}).items():
         values = allowed if isinstance(allowed, list) else [allowed]

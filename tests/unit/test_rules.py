@@ -191,6 +191,14 @@ def test_load_rules_reads_a_file(tmp_path: Path) -> None:
             id="transaction-needs-amount",
         ),
         pytest.param(
+            one_rule(
+                "window: transaction\ncurrency: CNY\nmax_amount: '100.00'\nmax_count: 0",
+                "r-txn-count",
+            ),
+            ["'r-txn-count'", "max_count: a transaction window counts nothing"],
+            id="transaction-counts-nothing",
+        ),
+        pytest.param(
             one_rule("window: day\nmax_count: 1", "'r 1!'"),
             ["'r 1!'", "id"],
             id="id-characters",

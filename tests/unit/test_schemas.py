@@ -181,6 +181,24 @@ RULE = {"id": "r", "window": "day", "max_count": 1}
         [{"id": "r", "window": "day", "max_amount": 0, "currency": "CNY"}],
         [{"id": "r", "window": "transaction", "max_count": 1}],
         [{"id": "r", "window": "transaction", "max_amount": "5", "currency": "JPY"}],
+        [
+            {
+                "id": "r",
+                "window": "transaction",
+                "max_amount": "5",
+                "currency": "JPY",
+                "max_count": 0,
+            }
+        ],
+        [
+            {
+                "id": "r",
+                "window": "transaction",
+                "max_amount": "5",
+                "currency": "JPY",
+                "max_count": None,
+            }
+        ],
         [{**RULE, "scope": []}],
         [{**RULE, "scope": ["card_id", "card_id"]}],
         [{**RULE, "scope": "1bad"}],
