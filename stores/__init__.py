@@ -59,6 +59,8 @@ def open_store(
             f" ({' and '.join(sorted(RETENTION_PARAMS))} are known)"
         )
     if parts.scheme == "memory":
+        if parts.netloc or parts.path:
+            raise ConfigError(f"{url}: expected memory:// (it takes no host or path)")
         from stores.memory import MemoryStore
 
         return MemoryStore(retention, clock)

@@ -36,6 +36,7 @@ instructions).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -544,7 +545,14 @@ def _open(path: str) -> sqlite3.Connection:
             if type(exc) is sqlite3.DatabaseError:  # "malformed", "not a database"
                 raise _translate(exc) from exc  # no retry mends it (StoreRejected)
             if not busy or time.monotonic() + delay > deadline:
-                raise StoreUnavailable(f"cannot open SQLite database {path}: {exc}") from exc
+                # sqlite:///tmp/x.db names tmp/x.db in the working directory, a common slip
+                hint = (
+                    ""
+                    if os.path.isabs(path)
+                    else f" (a relative path, from {os.getcwd()}; an absolute one takes"
+                    f" four slashes: sqlite:////{path})"
+                )
+                raise StoreUnavailable(f"cannot open SQLite database {path}: {exc}{hint}") from exc
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
             continue

@@ -550,7 +550,7 @@ def test_a_directory_as_input_fails(tmp_path: Path, rules: Path) -> None:
 
 @pytest.mark.parametrize(
     "store",
-    ["foo://", "sqlite://", "sqlite:///no-such-dir/state.db"],
+    ["foo://", "sqlite://", "sqlite:///no-such-dir/state.db", "memory://x", "memory:///x"],
 )
 def test_an_unusable_store_fails(tmp_path: Path, rules: Path, store: str) -> None:
     source = write(tmp_path / "in.jsonl", [pay("p1")])
@@ -561,6 +561,13 @@ def test_an_unusable_store_fails(tmp_path: Path, rules: Path, store: str) -> Non
     assert not (tmp_path / "no-such-dir").exists()
     if store == "foo://":
         assert "memory://" in reason and "sqlite://" in reason
+    if store.startswith("sqlite:///no"):  # what to write for the absolute path
+        assert reason.endswith(
+            f"(a relative path, from {tmp_path}; an absolute one takes four slashes:"
+            " sqlite:////no-such-dir/state.db)"
+        )
+    if store.startswith("memory"):
+        assert reason == f"limitflow: store: {store}: expected memory:// (it takes no host or path)"
 
 
 @pytest.mark.parametrize(
