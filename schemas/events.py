@@ -231,7 +231,9 @@ def decode_json(raw: bytes | str) -> Any:
     try:
         doc = _decoder.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise EventRejected(DeadLetterError.INVALID_JSON, f"not valid JSON: {exc}") from None
+        raise EventRejected(
+            DeadLetterError.INVALID_JSON, f"not valid JSON: {_why_not_json(raw, exc)}"
+        ) from None
     except RecursionError:
         raise EventRejected(
             DeadLetterError.INVALID_JSON, "not valid JSON here: nested too deeply to decode"
@@ -252,6 +254,30 @@ def decode_json(raw: bytes | str) -> Any:
                 " the reader)",
             )
     return doc
+
+
+_SURROGATES: Final = re.compile(
+    r"\\u[dD][89abAB][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2})?|\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+"""A surrogate escape: a high one with its low one (a pair, 12 characters), or alone."""
+
+
+def _why_not_json(raw: bytes | str, exc: Exception) -> str:
+    """The decoder's reason, where it misleads replaced by the record's own fault."""
+    if isinstance(exc, UnicodeDecodeError) and isinstance(raw, bytes):
+        # the decoder counts from the start of the string it was reading, not the record
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as whole:
+            return (
+                f"not UTF-8: byte 0x{raw[whole.start]:02x} at offset {whole.start} ({whole.reason})"
+            )
+    if "truncated" in str(exc):
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        for found in _SURROGATES.finditer(text):
+            if len(found.group()) == 6:  # the decoder says "Input data was truncated"
+                return f"{found.group()} is half a surrogate pair, not a character"
+    return str(exc)
 
 
 _STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)

@@ -578,6 +578,32 @@ def test_malformed_json_and_non_utf8_bytes_are_invalid_json(raw: str | bytes) ->
     assert error.detail.startswith("not valid JSON")
 
 
+def test_a_byte_that_is_not_utf8_is_placed_in_the_record_not_its_string() -> None:
+    # the decoder gave the offset within the string it was reading: "position 3" for a
+    # byte 109 bytes into the record
+    raw = json.dumps(payment(merchant="caf")).encode()[:-2] + b'\xe9"}'
+    error = refused(raw)
+    offset = raw.index(b"\xe9")
+    assert error.detail == (
+        f"not valid JSON: not UTF-8: byte 0xe9 at offset {offset} (invalid continuation byte)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("escape", "named"),
+    [("\\ud800", "\\ud800"), ("\\ud83d\\ude00\\uDBFF", "\\uDBFF")],
+)
+def test_half_a_surrogate_pair_is_named_not_called_truncated(escape: str, named: str) -> None:
+    error = refused(json.dumps(payment())[:-1] + f', "x": "{escape}"}}')
+    assert error.error is DeadLetterError.INVALID_JSON
+    assert error.detail == f"not valid JSON: {named} is half a surrogate pair, not a character"
+
+
+def test_a_truncated_record_with_a_whole_surrogate_pair_is_called_truncated() -> None:
+    error = refused(json.dumps(payment())[:-1] + ', "x": "\\ud83d\\ude00"')
+    assert error.detail == "not valid JSON: Input data was truncated"
+
+
 @pytest.mark.parametrize("raw", ["", b"", " \n"])
 def test_an_empty_record_says_it_is_empty(raw: str | bytes) -> None:
     # a null Kafka value reads as empty; "Input data was truncated" said nothing useful
