@@ -14,7 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from limitflow.settings import (
     COMPRESSIONS,
@@ -130,7 +130,7 @@ def register_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         ("--max-poll-interval-ms", "group's limit between polls (300000)"),
         ("--retry-initial-ms", "first wait after a retriable failure, then doubled (200)"),
         ("--retry-max-ms", "longest wait between retries (30000)"),
-        ("--shutdown-grace-ms", "on SIGTERM, how long an outage may hold the batch (30000)"),
+        ("--shutdown-grace-ms", "on SIGTERM, how long an outage may hold the batch (20000)"),
     ):
         name = option.removeprefix("--").replace("-", "_")
         timing.add_argument(option, type=int, help=_env_help(text, name))
@@ -270,11 +270,28 @@ async def start_retrying(
             delay = min(ceiling, delay * 2)
 
 
-async def _close_consumer(consumer: AIOKafkaConsumer) -> None:
+_HURRIED_CLOSE: Final = 2.0
+"""Seconds for each Kafka client's close after a stop's grace ran out on an outage."""
+
+
+def _unanswered_at_close(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio's handler of unretrieved errors, while the Kafka clients close in haste:
+    the requests aiokafka still had in flight fail then, and their futures' errors were
+    logged at ERROR with a traceback, for a close that went as intended."""
+    from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
+
+    exc = context.get("exception")
+    if isinstance(exc, KafkaError):
+        log.info("a Kafka request was left unanswered at the close: %s", type(exc).__name__)
+        return
+    loop.default_exception_handler(context)
+
+
+async def _close_consumer(consumer: AIOKafkaConsumer, within: float = 15) -> None:
     """Leave the group and close; with the brokers gone this may fail, which must not
     turn a clean stop into a crash: every offset that matters is committed already."""
     try:
-        await asyncio.wait_for(consumer.stop(), 15)
+        await asyncio.wait_for(consumer.stop(), within)
     except asyncio.CancelledError:
         # aiokafka's fetcher, closing, awaits its own fetch task, which it cancelled, and
         # that cancellation comes out here when the brokers are gone. Only this task's
@@ -288,7 +305,7 @@ async def _close_consumer(consumer: AIOKafkaConsumer) -> None:
 
 
 async def _topics_create(args: argparse.Namespace) -> int:
-    from aiokafka.errors import KafkaConnectionError  # type: ignore[import-untyped]
+    from aiokafka.errors import KafkaConnectionError
 
     from limitflow.cli import EXIT_OK, CommandFailed
     from limitflow.errors import BrokerError
@@ -511,10 +528,16 @@ async def serve(
         # the handlers stay until the clients are closed: a second signal during the
         # close (up to 25 s) must not kill the process before it leaves its group
         closing = True
+        # a stop whose grace ran out on an outage: the brokers are not answering, and
+        # nothing the clients hold is needed (the abandoned batch is read again), so
+        # they get seconds, not the 25 s a clean close may take
+        hurried = runner is not None and runner.gave_up
+        if hurried:
+            loop.set_exception_handler(_unanswered_at_close)
         if output is not None:
-            await output.close()
+            await (output.close(_HURRIED_CLOSE) if hurried else output.close())
         if consumer is not None:
-            await _close_consumer(consumer)
+            await _close_consumer(consumer, _HURRIED_CLOSE if hurried else 15)
         if ops:
             await ops.stop()
         if signals is not None:

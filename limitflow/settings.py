@@ -112,9 +112,11 @@ class RunSettings:
     retry_initial_ms: int = 200
     """First wait after a retriable failure; doubled on each further failure."""
     retry_max_ms: int = 30_000
-    shutdown_grace_ms: int = 30_000
-    """On SIGTERM, how long to keep retrying a batch whose store or broker is down before
-    leaving it uncommitted (it is then redelivered and deduplicated)."""
+    shutdown_grace_ms: int = 20_000
+    """On SIGTERM, how long a batch whose store or broker is down (or does not answer)
+    may hold the stop before it is left uncommitted (it is then redelivered and
+    deduplicated). With the Kafka clients' hurried close (2 s each) the stop fits in
+    Kubernetes' default termination grace of 30 s."""
     log_level: str = "INFO"
     log_format: str = "json"
     """``json`` (one object a line) or ``text``."""

@@ -48,6 +48,14 @@ _LAG_EVERY = 2.0
 """Seconds between the lag updates made while a batch waits on an outage."""
 _PROBE_EVERY = 2.0
 """Seconds without records after which an idle consumer asks whether the brokers answer."""
+_SLOW_AFTER = 5.0
+"""Seconds a stage of a batch may go unanswered (the store's commit, the verdicts' acks,
+the offsets' commit) before ``/readyz`` says that it waits on it. A healthy batch takes
+well under a second; a stage fails, and is retried, only after the request timeout."""
+_WATCH_EVERY = 0.5
+"""Seconds between the looks at a stage in flight: is it slow, has the stop grace run out."""
+_CANCEL_WAIT = 1.0
+"""Seconds a stage abandoned in flight is given to end before the batch moves on."""
 
 
 _PROBED: Final = frozenset({ConsumerState.RUNNING, ConsumerState.WAITING})
@@ -177,6 +185,9 @@ class VelocityConsumer:
         self._heard_at = time.monotonic()
         """When the brokers last answered: a batch arrived, or an idle probe succeeded."""
         self._brokers_lost_at: float | None = None
+        self.gave_up = False
+        """Whether a stop's grace ran out with a batch waiting on an outage: the Kafka
+        clients then close in haste (nothing they hold is needed: the batch comes again)."""
 
     # -- life cycle ---------------------------------------------------------------
 
@@ -435,7 +446,7 @@ class VelocityConsumer:
         try:
             while True:
                 try:
-                    outcome = await attempt()
+                    outcome = await self._watched(stage, attempt)
                 except Exception as exc:
                     if not is_retriable(exc):
                         raise
@@ -473,16 +484,73 @@ class VelocityConsumer:
             if failures and self.health.state is ConsumerState.WAITING:
                 self.health.set(ConsumerState.RUNNING)
 
+    async def _watched(self, stage: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """``attempt()``, watched while it is in flight.
+
+        With the brokers gone, a publish or an offset commit waits out the whole request
+        timeout (30 s by default) before it fails and the outage shows: ``/readyz`` said
+        ready all along, and a stop waited for it past its grace. Here a stage left
+        unanswered for ``_SLOW_AFTER`` s is logged and shown as waiting on it, and a stop
+        whose grace runs out meanwhile abandons the batch (not committed: it is read
+        again after the restart, and the store recognises what it already decided)."""
+        task = asyncio.ensure_future(attempt())
+        started = time.monotonic()
+        slow = False
+        try:
+            while not task.done():
+                await asyncio.wait((task,), timeout=_WATCH_EVERY)
+                if task.done():
+                    break
+                now = time.monotonic()
+                if self._grace_expired(now):
+                    self.gave_up = True
+                    raise BatchAbandoned(f"stop grace period expired while waiting on {stage}")
+                if not slow and now - started >= _SLOW_AFTER:
+                    slow = True
+                    log.warning(
+                        "%s: no answer after %.0fs; still waiting (store or brokers slow or"
+                        " unreachable)",
+                        stage,
+                        now - started,
+                        extra={"stage": stage},
+                    )
+                    if not self.stopping:
+                        self.health.set(ConsumerState.WAITING, waiting_on=stage)
+        finally:
+            if not task.done():
+                # given a moment to end: cancelled, exactly-once's output still stops the
+                # transaction's producer, which with frozen brokers takes its whole 10 s
+                # (the clients' close after the stop ends it sooner)
+                task.cancel()
+                task.add_done_callback(_retrieve)
+                await asyncio.wait((task,), timeout=_CANCEL_WAIT)
+        outcome = task.result()  # or its error, which ``_retrying`` handles
+        if slow:
+            log.info(
+                "%s answered after %.1fs",
+                stage,
+                time.monotonic() - started,
+                extra={"stage": stage},
+            )
+            if self.health.state is ConsumerState.WAITING and self.health.waiting_on == stage:
+                self.health.set(ConsumerState.RUNNING)
+        return outcome
+
+    def _grace_expired(self, now: float) -> bool:
+        """Whether a stop was asked for and its grace (``--shutdown-grace-ms``) is over."""
+        if self._stop_requested_at is None:
+            return False
+        return now - self._stop_requested_at >= self.settings.shutdown_grace_ms / 1000
+
     async def _wait(self, delay: float, stage: str) -> None:
         """Sleep ``delay`` unless a rebalance or an expired stop grace abandons the batch."""
         deadline = time.monotonic() + delay
         while (left := deadline - time.monotonic()) > 0:
             if self._revoking and stage != "assign":
                 raise BatchAbandoned("partitions are being revoked during an outage")
-            if self._stop_requested_at is not None:
-                grace = self.settings.shutdown_grace_ms / 1000
-                if time.monotonic() - self._stop_requested_at >= grace:
-                    raise BatchAbandoned("stop grace period expired during an outage")
+            if self._grace_expired(time.monotonic()):
+                self.gave_up = True
+                raise BatchAbandoned("stop grace period expired during an outage")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._interrupt.wait(), timeout=min(left, 1.0))
             # woken (or not): the flags say why at the next pass. Left set while stopping,
@@ -595,6 +663,12 @@ class VelocityConsumer:
             highwater = self.consumer.highwater(tp)
             if highwater is not None:
                 self.metrics.lag.labels(str(tp.partition)).set(max(0, highwater - position))
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Take a cancelled stage's outcome, so that asyncio does not log it as unretrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _names(partitions: frozenset[TopicPartition]) -> list[str]:

@@ -245,8 +245,8 @@ class Output(abc.ABC):
         partial failure redoes only the rest.
         """
 
-    async def close(self) -> None:  # noqa: B027
-        """Flush and release the producers."""
+    async def close(self, within: float = _STOP_TIMEOUT) -> None:  # noqa: B027
+        """Flush and release the producers, each within ``within`` seconds."""
 
 
 class AtLeastOnceOutput(Output):
@@ -281,9 +281,8 @@ class AtLeastOnceOutput(Output):
             )
         done.update(todo)
 
-    async def close(self) -> None:
-        with contextlib.suppress(kafka_errors.KafkaError, TimeoutError):
-            await asyncio.wait_for(self.producer.stop(), _STOP_TIMEOUT)
+    async def close(self, within: float = _STOP_TIMEOUT) -> None:
+        await _stop_quietly(self.producer, within)
 
 
 class TransactionalOutput(Output):
@@ -358,10 +357,10 @@ class TransactionalOutput(Output):
         self._unsure -= partitions  # the next owner starts from the committed offset
         await asyncio.gather(*(self._discard(tp) for tp in partitions))
 
-    async def _discard(self, tp: TopicPartition) -> None:
+    async def _discard(self, tp: TopicPartition, within: float = _STOP_TIMEOUT) -> None:
         producer = self.producers.pop(tp, None)
         if producer is not None:
-            await _stop_quietly(producer)
+            await _stop_quietly(producer, within)
 
     async def deliver(
         self,
@@ -427,10 +426,10 @@ class TransactionalOutput(Output):
         await producer.commit_transaction()
         self._unsure.discard(tp)
 
-    async def close(self) -> None:
-        await asyncio.gather(*(self._discard(tp) for tp in list(self.producers)))
+    async def close(self, within: float = _STOP_TIMEOUT) -> None:
+        await asyncio.gather(*(self._discard(tp, within) for tp in list(self.producers)))
 
 
-async def _stop_quietly(producer: AIOKafkaProducer) -> None:
+async def _stop_quietly(producer: AIOKafkaProducer, within: float = _STOP_TIMEOUT) -> None:
     with contextlib.suppress(kafka_errors.KafkaError, TimeoutError):
-        await asyncio.wait_for(producer.stop(), _STOP_TIMEOUT)
+        await asyncio.wait_for(producer.stop(), within)

@@ -1221,11 +1221,49 @@ async def test_a_stop_during_a_broker_outage_ends_within_the_grace(
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(45) == 0, s.log(0)[-3000:]
             assert time.monotonic() - stopped_at < 45
-            assert "Traceback" not in s.log(0)
+            assert "Traceback" not in s.log(0), s.log(0)
         finally:
             if outage == "frozen":
                 os.kill(_pid(noida), signal.SIGCONT)
             else:
                 noida.start()
+    finally:
+        s.kill_all()
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_brokers_frozen_under_a_batch_show_at_once_and_a_stop_keeps_its_grace(
+    noida: Any, tmp_path: Path, guarantee: str
+) -> None:
+    # with the default request timeout (30 s), a publish to brokers that went quiet
+    # waited it out before it failed: /readyz said ready for those 30 s, and a SIGTERM
+    # with a 3 s grace ended after ~60 s (the request in flight, then the clients' close)
+    s = Setup(noida.bootstrap_servers, tmp_path, f"frozen-{random.randrange(10**6)}")
+    s.create_topics()
+    try:
+        await produce(s.bootstrap, s.topics[0], make_events(1500, seed=10))
+        port = _free_port()
+        proc = s.run(
+            *("--guarantee", guarantee, "--batch-size", "5", "--http-port", str(port)),
+            *("--request-timeout-ms", "30000", "--shutdown-grace-ms", "3000"),
+        )
+        wait_for(lambda: _rows(s.store) > 20, 90, "progress")
+        os.kill(_pid(noida), signal.SIGSTOP)  # connections stay open, nothing answers
+        try:
+            frozen_at = time.monotonic()
+            wait_for(lambda: readyz(port)[0] == 503, 15, "/readyz to show it")
+            assert time.monotonic() - frozen_at < 12  # ~5 s, not the 30 s timeout
+            assert readyz(port)[1]["waiting_on"] == "publish"
+            stopped_at = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0, s.log(0)[-3000:]
+            assert time.monotonic() - stopped_at < 12, s.log(0)[-3000:]  # 3 s + a quick close
+            log = s.log(0)
+            assert "publish: no answer after 5s; still waiting" in log
+            assert "stop grace period expired while waiting on publish" in log
+            assert "Traceback" not in log
+            assert "Task was destroyed" not in log and "never retrieved" not in log
+        finally:
+            os.kill(_pid(noida), signal.SIGCONT)
     finally:
         s.kill_all()

@@ -65,7 +65,7 @@ class _FencingRefused(Output):
     ) -> None:
         raise AssertionError("nothing may be delivered")
 
-    async def close(self) -> None:
+    async def close(self, within: float = 10.0) -> None:
         return None
 
 
@@ -346,3 +346,51 @@ async def test_records_of_a_partition_revoked_while_polling_are_not_decided() ->
     await asyncio.wait_for(loop, 5)
     assert consumer.returned
     assert output.delivered == []
+
+
+async def test_a_stage_left_unanswered_shows_as_waiting_then_running_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a publish to brokers gone quiet waits out the whole request timeout (30 s) before
+    # it fails: /readyz said ready all along, and nothing was logged
+    monkeypatch.setattr("streams.consumer._SLOW_AFTER", 0.3)
+    runner = _runner(_Consumer(), Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.health.set(ConsumerState.RUNNING)
+    answer = asyncio.Event()
+
+    async def publish() -> str:
+        await answer.wait()
+        return "acked"
+
+    watched = asyncio.create_task(runner._retrying("publish", publish))
+    await asyncio.sleep(1.0)  # past _SLOW_AFTER and a look of the watch
+    assert (runner.health.state, runner.health.waiting_on) == (ConsumerState.WAITING, "publish")
+    answer.set()
+    assert await asyncio.wait_for(watched, 2) == "acked"
+    assert runner.health.state is ConsumerState.RUNNING
+    assert not runner.gave_up
+
+
+async def test_a_stop_abandons_a_stage_in_flight_once_its_grace_is_over() -> None:
+    # the grace was looked at only between retries: a stop during an outage took the
+    # grace and then the in-flight request's whole timeout (~60 s with the defaults)
+    runner = _runner(_Consumer(), Engine(Decider(load_rules(RULES)), MemoryStore()))
+    cancelled = asyncio.Event()
+
+    async def publish() -> None:
+        try:
+            await asyncio.sleep(3600)  # brokers that never answer
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    watched = asyncio.create_task(runner._retrying("publish", publish))
+    await asyncio.sleep(0.1)
+    runner.request_stop()
+    await asyncio.sleep(0.7)
+    assert not watched.done()  # within the grace (30 s): still waiting for the answer
+    runner.request_stop(now=True)  # a second signal, or the grace running out
+    with pytest.raises(BatchAbandoned, match="grace period expired while waiting on publish"):
+        await asyncio.wait_for(watched, 2)
+    assert cancelled.is_set()  # the request in flight was cancelled, not left running
+    assert runner.gave_up  # the clients then close in haste
