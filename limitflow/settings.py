@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -205,10 +206,31 @@ def _require(
         raise ConfigError(f"missing required settings: {needed}")
 
 
+_TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+"""What Kafka takes as a topic name (and not "." or "..")."""
+
+
 def check_topics(input_topic: str, output_topic: str, dead_letter_topic: str) -> None:
-    """Refuse a layout that would read its own output."""
+    """Refuse a name Kafka does not take (an empty variable gave topic "", which tansu
+    created), and a layout that would read its own output."""
+    for name, topic in (
+        ("input_topic", input_topic),
+        ("output_topic", output_topic),
+        ("dead_letter_topic", dead_letter_topic),
+    ):
+        if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+            raise ConfigError(
+                f"{name} ({env_name(name)}): {topic!r} is not a Kafka topic name"
+                " (1 to 249 letters, digits, '.', '_' or '-')"
+            )
     if len({input_topic, output_topic, dead_letter_topic}) != 3:
         raise ConfigError("input, output and dead-letter topics must be three different topics")
+
+
+def check_group(group_id: str) -> None:
+    """Refuse an empty consumer group: an empty variable ran a consumer in group ""."""
+    if not group_id:
+        raise ConfigError(f"group_id ({env_name('group_id')}): must not be empty")
 
 
 def load_env_settings(cls: type[_T], env: Mapping[str, str]) -> _T:
@@ -253,6 +275,7 @@ def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunS
     _require((KafkaSettings, RunSettings), values, env)
     kafka = _check(_build(KafkaSettings, values, env))
     settings = _build(RunSettings, values, env, kafka=kafka)
+    check_group(settings.group_id)
     for name in (
         "batch_size",
         "poll_timeout_ms",

@@ -47,6 +47,7 @@ from limitflow.settings import (
     DEFAULT_STORE,
     check_bootstrap,
     check_compression,
+    check_group,
     check_positive,
     check_topics,
     env_name,
@@ -108,6 +109,7 @@ class FaustSettings:
         # the checks of `limitflow run`'s settings, for the same variables
         check_bootstrap(settings.bootstrap_servers)
         check_topics(settings.input_topic, settings.output_topic, settings.dead_letter_topic)
+        check_group(settings.group_id)
         for name in (
             "batch_size",
             "max_message_bytes",

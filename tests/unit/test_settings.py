@@ -93,11 +93,26 @@ def test_missing_settings_name_flag_and_variable() -> None:
         ("log_level", "verbose"),  # was a ValueError traceback from logging
         ("bootstrap_servers", "127.0.0.1:9092,"),
         ("compression", "brotli"),  # not a Kafka codec: the producer would fail later
+        # an empty variable ran a consumer in group "" on topic "" (tansu created it)
+        ("input_topic", ""),
+        ("dead_letter_topic", "bad topic"),
+        ("output_topic", "x" * 250),
+        ("output_topic", ".."),
+        ("group_id", ""),
     ],
 )
 def test_bad_values_are_config_errors(name: str, value: str) -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=f"{name}|three different topics"):
         load_run_settings({}, env_of({**REQUIRED, name: value}))
+
+
+def test_a_topic_name_kafka_refuses_is_named_with_what_it_takes() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_run_settings({}, env_of({**REQUIRED, "input_topic": ""}))
+    assert str(caught.value) == (
+        "input_topic (LIMITFLOW_INPUT_TOPIC): '' is not a Kafka topic name"
+        " (1 to 249 letters, digits, '.', '_' or '-')"
+    )
 
 
 @pytest.mark.parametrize("value", ["abc", "1_000", "1e3", "\u0662"])
@@ -163,6 +178,8 @@ def test_faust_settings_come_from_the_same_loader() -> None:
         ("BATCH_WAIT_MS", "-1"),
         ("WEB_PORT", "70000"),
         ("COMPRESSION", "zip"),
+        ("INPUT_TOPIC", ""),
+        ("GROUP_ID", ""),
     ],
 )
 def test_faust_settings_are_checked_as_run_settings_are(name: str, value: str) -> None:
