@@ -235,7 +235,7 @@ class VelocityConsumer:
                             await self._handle(owned)
                 else:
                     await self._probe_brokers()
-                self._update_lag()
+                await self._update_lag()
         except BaseException:
             self.health.set(ConsumerState.FAILED)
             raise
@@ -655,13 +655,22 @@ class VelocityConsumer:
         if self.health.state is ConsumerState.WAITING and self.health.waiting_on == "fetch":
             self.health.set(ConsumerState.RUNNING)
 
-    def _update_lag(self) -> None:
-        assigned = self.consumer.assignment()
-        for tp, position in self._positions.items():
-            if tp not in assigned:  # aiokafka asserts on one no longer assigned
-                continue
+    async def _update_lag(self) -> None:
+        """The lag of every assigned partition whose high-water mark a fetch has brought:
+        from where its last batch ended, or, for one no batch came from yet, from where
+        the consumer reads it (a backlog of several partitions showed only the lag of
+        those a batch had come from, 335 of ~2,800 records)."""
+        for tp in self.consumer.assignment():  # aiokafka asserts on one no longer assigned
             highwater = self.consumer.highwater(tp)
-            if highwater is not None:
+            if highwater is None:
+                continue
+            position = self._positions.get(tp)
+            if position is None:
+                # fetched, so its position is known and this returns at once (bounded
+                # all the same: a position being reset would wait on the brokers)
+                with contextlib.suppress(KafkaError, IllegalStateError, TimeoutError):
+                    position = await asyncio.wait_for(self.consumer.position(tp), 0.5)
+            if position is not None:
                 self.metrics.lag.labels(str(tp.partition)).set(max(0, highwater - position))
 
 

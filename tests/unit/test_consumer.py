@@ -394,3 +394,32 @@ async def test_a_stop_abandons_a_stage_in_flight_once_its_grace_is_over() -> Non
         await asyncio.wait_for(watched, 2)
     assert cancelled.is_set()  # the request in flight was cancelled, not left running
     assert runner.gave_up  # the clients then close in haste
+
+
+class _Fetched(_Consumer):
+    """The stand-in, with high-water marks and read positions as fetches bring them."""
+
+    def __init__(self, highwater: dict[TopicPartition, int], at: dict[TopicPartition, int]):
+        super().__init__()
+        self.assigned = set(highwater) | {TopicPartition("in", 9)}  # 9: not fetched yet
+        self.marks, self.at = highwater, at
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self.marks.get(tp)
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.at[tp]
+
+
+async def test_lag_counts_the_partitions_no_batch_came_from_yet() -> None:
+    # only partitions a batch had come from had a lag: a backlog spread over six
+    # partitions read 335 of ~2,800 waiting records, and an alert on the sum stayed quiet
+    p0, p1 = TopicPartition("in", 0), TopicPartition("in", 1)
+    consumer = _Fetched({p0: 100, p1: 50}, {p0: 90, p1: 20})
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner._positions[p0] = 40  # where its last batch ended (its read position runs ahead)
+    await runner._update_lag()
+    value = runner.metrics.registry.get_sample_value
+    assert value("limitflow_consumer_lag", {"partition": "0"}) == 60
+    assert value("limitflow_consumer_lag", {"partition": "1"}) == 30
+    assert value("limitflow_consumer_lag", {"partition": "9"}) is None  # no mark yet
