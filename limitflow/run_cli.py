@@ -26,6 +26,7 @@ from limitflow.settings import (
     env_name,
     load_run_settings,
     load_topic_settings,
+    unknown_variables,
 )
 from limitflow.stopping import SIGNALS, StopSignals
 
@@ -237,6 +238,7 @@ async def start_retrying(
     from streams.output import translate
 
     delay, ceiling = retry_ms[0] / 1000, retry_ms[1] / 1000
+    began, tries = time.monotonic(), 0
     while True:
         if stop.is_set():
             raise StoppedBeforeStart(what)
@@ -245,6 +247,14 @@ async def start_retrying(
             await client.start()
             if health is not None and health.state is ConsumerState.WAITING:
                 health.set(ConsumerState.STARTING)
+            if tries:
+                log.info(
+                    "%s reached Kafka at %s after %.1fs",
+                    what,
+                    servers,
+                    time.monotonic() - began,
+                    extra={"stage": "start", "retries": tries},
+                )
             return client
         except Exception as exc:
             error = translate(exc)
@@ -254,6 +264,7 @@ async def start_retrying(
                 raise error from exc
             if stop.is_set():
                 raise StoppedBeforeStart(what) from None
+            tries += 1
             if health is not None:
                 health.set(ConsumerState.WAITING, waiting_on="kafka")
                 health.metrics.retries.labels("start").inc()
@@ -268,6 +279,16 @@ async def start_retrying(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
             delay = min(ceiling, delay * 2)
+
+
+def _version() -> str:
+    """The installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("limitflow")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 _HURRIED_CLOSE: Final = 2.0
@@ -369,6 +390,8 @@ async def _load_and_serve(args: argparse.Namespace, signals: StopSignals) -> int
 
     settings = _settings(lambda: load_run_settings(_values(args), os.environ))
     configure_logging(settings.log_level, settings.log_format)
+    for name in unknown_variables(os.environ):
+        log.warning("%s is not a limitflow setting: ignored (misspelt?)", name)
     rules = _rules(settings.rules)
     store = await _store_unless_stopped(settings.store, stop)
     if store is None:
@@ -437,6 +460,7 @@ async def serve(
     ``signals``: those of ``run``, before these handlers: one received already stops at
     once, and a signal after this returns is logged, not fatal."""
     from handlers.decide import Decider
+    from stores.base import redacted
     from streams.consumer import VelocityConsumer
     from streams.engine import Engine
     from streams.ops import Health, Metrics, OpsServer
@@ -510,10 +534,20 @@ async def serve(
         log.info(
             "consuming",
             extra={
+                "version": _version(),
+                "bootstrap_servers": kafka.bootstrap_servers,
                 "input_topic": kafka.input_topic,
+                "output_topic": kafka.output_topic,
+                "dead_letter_topic": kafka.dead_letter_topic,
                 "group_id": settings.group_id,
                 "guarantee": settings.guarantee.value,
+                "store": redacted(settings.store),
+                "batch_size": settings.batch_size,
+                "rules": settings.rules,
                 "rules_version": rules.version,
+                "ops": f"http://{settings.http_host}:{settings.http_port}/"
+                if settings.http_port
+                else None,
             },
         )
         runner.subscribe()
@@ -521,7 +555,11 @@ async def serve(
             runner.request_stop()
         started = time.monotonic()
         await runner.run()
-        log.info("ran for %.1fs", time.monotonic() - started)
+        log.info(
+            "ran for %.1fs",
+            time.monotonic() - started,
+            extra={f"{kind.value}s": n for kind, n in engine.stats.by_kind.items()},
+        )
     except StoppedBeforeStart as exc:
         log.info("stopped before the %s could reach Kafka; nothing was consumed", exc)
     finally:

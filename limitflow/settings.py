@@ -233,6 +233,34 @@ def check_group(group_id: str) -> None:
         raise ConfigError(f"group_id ({env_name('group_id')}): must not be empty")
 
 
+FAUST_ONLY: Final = ("batch_wait_ms", "web_port", "data_dir")
+"""Settings of the faust app (``streams.faust_app.FaustSettings``) that ``run`` has not;
+named here so that ``run`` need not import faust to know them (a test keeps them true)."""
+TEST_VARIABLES: Final = (
+    "TEST_SERVERS",
+    "SERVERS_DIR",
+    "SERVER_START_TIMEOUT",
+    "KEEP_SERVER_LOGS",
+    "TANSU_BIN",
+    "NOIDA_BIN",
+    "DYNAMODB_JAVA_OPTS",
+    "MONGO_URI",
+)
+"""``LIMITFLOW_*`` variables read by the test servers (``tests/servers.py``), not settings."""
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """``LIMITFLOW_*`` variables that no limitflow setting is read from: a misspelt one
+    (``LIMITFLOW_GUARANTE=exactly-once``) was ignored without a word."""
+    known = {
+        env_name(spec.name)
+        for cls in (KafkaSettings, RunSettings, TopicSettings)
+        for spec in dataclasses.fields(cls)
+    }
+    known.update(env_name(name) for name in (*FAUST_ONLY, *TEST_VARIABLES))
+    return sorted(name for name in env if name.startswith(ENV_PREFIX) and name not in known)
+
+
 def load_env_settings(cls: type[_T], env: Mapping[str, str]) -> _T:
     """The dataclass ``cls`` from ``LIMITFLOW_*`` variables over its defaults.
 
@@ -258,6 +286,15 @@ def _check(settings: KafkaSettings) -> KafkaSettings:
     check_topics(settings.input_topic, settings.output_topic, settings.dead_letter_topic)
     check_compression(settings.compression)
     return settings
+
+
+def check_retry(initial_ms: int, max_ms: int) -> None:
+    """Refuse a backoff whose longest wait is shorter than its first."""
+    if max_ms < initial_ms:
+        raise ConfigError(
+            f"retry_max_ms ({env_name('retry_max_ms')}) must be at least retry_initial_ms"
+            f" ({env_name('retry_initial_ms')}): {max_ms} < {initial_ms}"
+        )
 
 
 def check_positive(name: str, value: int, *, zero_ok: bool = False) -> None:
@@ -288,6 +325,7 @@ def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunS
         "max_poll_interval_ms",
     ):
         check_positive(name, getattr(settings, name))
+    check_retry(settings.retry_initial_ms, settings.retry_max_ms)
     check_positive("request_timeout_ms", kafka.request_timeout_ms)
     check_positive("shutdown_grace_ms", settings.shutdown_grace_ms, zero_ok=True)
     check_positive("max_message_bytes", kafka.max_message_bytes)

@@ -41,6 +41,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 import zstandard
@@ -252,3 +253,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def _verify(self) -> None:
         """Raise ``StoreNotInitialized`` when ``_create`` has not been run."""
+
+
+def redacted(url: str) -> str:
+    """A store URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    credentials, _, hosts = parts.netloc.rpartition("@")
+    user = credentials.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))

@@ -58,7 +58,7 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from stores.base import RETENTION_PARAMS, Expected, Retention, Store
+from stores.base import RETENTION_PARAMS, Expected, Retention, Store, redacted
 from stores.verdict_codec import pack_verdict, unpack_verdict
 
 Document = dict[str, Any]
@@ -144,7 +144,7 @@ class MongoStore(Store):
         except (ConfigurationError, UserWarning) as exc:
             # PyMongo ends an unknown option's message pointing at its docstring: not ours
             said = str(exc).removesuffix(" Refer to docstring.")
-            raise ConfigError(f"{_redact(url)}: {said}") from exc
+            raise ConfigError(f"{redacted(url)}: {said}") from exc
         except PyMongoError as exc:
             raise _translate(exc) from exc
         return cls(client, database, retention, clock=clock, owns_client=True)
@@ -315,10 +315,10 @@ def split_url(url: str) -> tuple[str, str]:
     """The driver's URL (limitflow's parameters removed) and the database name."""
     parts = urlsplit(url)
     if parts.scheme not in ("mongodb", "mongodb+srv") or not parts.netloc:
-        raise ConfigError(f"{_redact(url)}: expected mongodb://HOST[:PORT]/[DBNAME][?options]")
+        raise ConfigError(f"{redacted(url)}: expected mongodb://HOST[:PORT]/[DBNAME][?options]")
     database = unquote(parts.path.lstrip("/")) or DEFAULT_DATABASE
     if "/" in database or any(c in database for c in ' ."$\\\0'):
-        raise ConfigError(f"{_redact(url)}: {database!r} is not a MongoDB database name")
+        raise ConfigError(f"{redacted(url)}: {database!r} is not a MongoDB database name")
     # the options as written, limitflow's taken out: encoding them again would turn
     # readPreferenceTags=dc:ny into dc%3Any, which the driver refuses
     query = "&".join(
@@ -328,16 +328,6 @@ def split_url(url: str) -> tuple[str, str]:
     )
     driver_url = urlunsplit((parts.scheme, parts.netloc, f"/{database}", query, ""))
     return driver_url, database
-
-
-def _redact(url: str) -> str:
-    """``url`` without its password, for messages."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    credentials, _, hosts = parts.netloc.rpartition("@")
-    user = credentials.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
 
 
 # -- documents <-> records --------------------------------------------------------------

@@ -288,7 +288,8 @@ class VelocityConsumer:
             self._positions.pop(tp, None)
             with contextlib.suppress(KeyError):
                 self.metrics.lag.remove(str(tp.partition))
-        log.info("partitions revoked", extra={"partitions": _names(revoked)})
+        if revoked:  # aiokafka calls this before every join, the first one included
+            log.info("partitions revoked", extra={"partitions": _names(revoked)})
 
     async def partitions_assigned(self, assigned: frozenset[TopicPartition]) -> None:
         self.health.assigned = frozenset(_names(assigned))

@@ -49,9 +49,11 @@ from limitflow.settings import (
     check_compression,
     check_group,
     check_positive,
+    check_retry,
     check_topics,
     env_name,
     load_env_settings,
+    unknown_variables,
 )
 from schemas.rules import RulesError, RuleSet, load_rules
 from stores.base import Store
@@ -122,6 +124,7 @@ class FaustSettings:
         ):
             check_positive(name, getattr(settings, name))
         check_positive("batch_wait_ms", settings.batch_wait_ms, zero_ok=True)
+        check_retry(settings.retry_initial_ms, settings.retry_max_ms)
         check_compression(settings.compression)
         if not 0 <= settings.web_port <= 65_535:
             raise ConfigError(f"web_port ({env_name('web_port')}) must be 0..65535")
@@ -434,6 +437,8 @@ def __getattr__(name: str) -> Any:
             # one line for a bad variable or rules file, as `limitflow run` gives
             print(f"limitflow: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
+        for variable in unknown_variables(os.environ):
+            log.warning("%s is not a limitflow setting: ignored (misspelt?)", variable)
         globals()["app"] = app
         return app
     raise AttributeError(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from limitflow.settings import (
     env_name,
     load_run_settings,
     load_topic_settings,
+    unknown_variables,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,6 +101,7 @@ def test_missing_settings_name_flag_and_variable() -> None:
         ("output_topic", "x" * 250),
         ("output_topic", ".."),
         ("group_id", ""),
+        ("retry_max_ms", "100"),  # below retry_initial_ms (200)
     ],
 )
 def test_bad_values_are_config_errors(name: str, value: str) -> None:
@@ -180,6 +183,7 @@ def test_faust_settings_come_from_the_same_loader() -> None:
         ("COMPRESSION", "zip"),
         ("INPUT_TOPIC", ""),
         ("GROUP_ID", ""),
+        ("RETRY_MAX_MS", "100"),
     ],
 )
 def test_faust_settings_are_checked_as_run_settings_are(name: str, value: str) -> None:
@@ -278,3 +282,29 @@ async def test_every_offered_compression_can_publish(codec: str) -> None:
 
     producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9", compression_type=codec)
     await producer.stop()  # never started: nothing to connect to or close
+
+
+def test_a_misspelt_variable_is_named_and_known_ones_are_not() -> None:
+    # LIMITFLOW_GUARANTE=exactly-once was ignored without a word: run went on at-least-once
+    env = {
+        "LIMITFLOW_GUARANTE": "exactly-once",
+        "LIMITFLOW_BATCHSIZE": "abc",
+        "LIMITFLOW_GUARANTEE": "exactly-once",
+        "LIMITFLOW_PARTITIONS": "6",  # topics create's
+        "LIMITFLOW_WEB_PORT": "6066",  # the faust app's
+        "LIMITFLOW_TANSU_BIN": "/x",  # the test servers'
+        "PATH": "/bin",
+    }
+    assert unknown_variables(env) == ["LIMITFLOW_BATCHSIZE", "LIMITFLOW_GUARANTE"]
+
+
+def test_every_variable_limitflow_or_its_tests_read_is_known() -> None:
+    from streams.faust_app import FaustSettings
+
+    faust = {env_name(spec.name): "" for spec in dataclasses.fields(FaustSettings)}
+    assert unknown_variables(faust) == []
+    read: set[str] = set()
+    for path in [*ROOT.glob("tests/**/*.py"), *ROOT.glob("benchmarks/*.py"), *ROOT.glob("*.yml")]:
+        read |= set(re.findall(r"LIMITFLOW_[A-Z][A-Z0-9_]*", path.read_text(encoding="utf-8")))
+    misspelt_above = {"LIMITFLOW_GUARANTE", "LIMITFLOW_BATCHSIZE"}
+    assert unknown_variables(dict.fromkeys(read - misspelt_above, "")) == []
