@@ -288,8 +288,10 @@ class VelocityConsumer:
             self._positions.pop(tp, None)
             with contextlib.suppress(KeyError):
                 self.metrics.lag.remove(str(tp.partition))
-        if revoked:  # aiokafka calls this before every join, the first one included
+        if revoked:
             log.info("partitions revoked", extra={"partitions": _names(revoked)})
+        else:  # aiokafka calls this before every join, the first one included
+            log.info("joining the group", extra={"group_id": self.settings.group_id})
 
     async def partitions_assigned(self, assigned: frozenset[TopicPartition]) -> None:
         self.health.assigned = frozenset(_names(assigned))
