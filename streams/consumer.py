@@ -433,7 +433,8 @@ class VelocityConsumer:
         if coordinator is not None:
             coordinator.request_rejoin()
         log.warning(
-            "partitions taken over by another member: paused, rejoining the group",
+            "partitions no longer this member's (its group session ended, in an outage or"
+            " while it stalled; another member may have them): paused, rejoining the group",
             extra={"partitions": _names(frozenset(lost))},
         )
 
