@@ -522,12 +522,17 @@ class VelocityConsumer:
                         self.health.set(ConsumerState.WAITING, waiting_on=stage)
         finally:
             if not task.done():
-                # given a moment to end: cancelled, exactly-once's output still stops the
-                # transaction's producer, which with frozen brokers takes its whole 10 s
-                # (the clients' close after the stop ends it sooner)
+                # given a moment to end (cancelled, exactly-once's output still stops the
+                # transaction's producer, in at most a second)
                 task.cancel()
                 task.add_done_callback(_retrieve)
                 await asyncio.wait((task,), timeout=_CANCEL_WAIT)
+            # however it ended: answered, failed (a retriable failure sets WAITING again
+            # at once; a lost partition is rewound, and the consumer goes on), or
+            # abandoned, readiness must not stay at "waiting" on a stage done with
+            health = self.health
+            if slow and health.state is ConsumerState.WAITING and health.waiting_on == stage:
+                health.set(ConsumerState.RUNNING)
         outcome = task.result()  # or its error, which ``_retrying`` handles
         if slow:
             log.info(
@@ -536,8 +541,6 @@ class VelocityConsumer:
                 time.monotonic() - started,
                 extra={"stage": stage},
             )
-            if self.health.state is ConsumerState.WAITING and self.health.waiting_on == stage:
-                self.health.set(ConsumerState.RUNNING)
         return outcome
 
     def _grace_expired(self, now: float) -> bool:
@@ -664,18 +667,28 @@ class VelocityConsumer:
         from where its last batch ended, or, for one no batch came from yet, from where
         the consumer reads it (a backlog of several partitions showed only the lag of
         those a batch had come from, 335 of ~2,800 records)."""
+        marks: dict[TopicPartition, int] = {}
+        positions: dict[TopicPartition, int] = {}
         for tp in self.consumer.assignment():  # aiokafka asserts on one no longer assigned
             highwater = self.consumer.highwater(tp)
             if highwater is None:
                 continue
-            position = self._positions.get(tp)
-            if position is None:
-                # fetched, so its position is known and this returns at once (bounded
-                # all the same: a position being reset would wait on the brokers)
-                with contextlib.suppress(KafkaError, IllegalStateError, TimeoutError):
-                    position = await asyncio.wait_for(self.consumer.position(tp), 0.5)
-            if position is not None:
-                self.metrics.lag.labels(str(tp.partition)).set(max(0, highwater - position))
+            marks[tp] = highwater
+            if tp in self._positions:
+                positions[tp] = self._positions[tp]
+        unread = [tp for tp in marks if tp not in positions]
+        if unread:
+            # fetched, so their positions are known and this returns at once; bounded
+            # all the same (a position being reset waits on the brokers). A group error
+            # it raises is the coordinator's, which getmany would raise: not swallowed
+            asking = asyncio.gather(*(self.consumer.position(tp) for tp in unread))
+            with contextlib.suppress(IllegalStateError, TimeoutError):
+                found = await asyncio.wait_for(asking, 0.5)
+                positions.update(zip(unread, found, strict=True))
+        assigned = self.consumer.assignment()  # a rebalance may have ended meanwhile
+        for tp, position in positions.items():
+            if tp in assigned:
+                self.metrics.lag.labels(str(tp.partition)).set(max(0, marks[tp] - position))
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

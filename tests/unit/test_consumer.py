@@ -423,3 +423,48 @@ async def test_lag_counts_the_partitions_no_batch_came_from_yet() -> None:
     assert value("limitflow_consumer_lag", {"partition": "0"}) == 60
     assert value("limitflow_consumer_lag", {"partition": "1"}) == 30
     assert value("limitflow_consumer_lag", {"partition": "9"}) is None  # no mark yet
+
+
+async def test_a_slow_stage_that_then_fails_for_good_leaves_readiness_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # slow, then its partition lost (a commit refused after the session ended): the
+    # batch is rewound and the consumer goes on, but /readyz stayed at "waiting" for good
+    monkeypatch.setattr("streams.consumer._SLOW_AFTER", 0.3)
+    runner = _runner(_Consumer(), Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.health.set(ConsumerState.RUNNING)
+
+    async def publish() -> None:
+        await asyncio.sleep(0.9)
+        raise PartitionLost("in-0: ProducerFenced")
+
+    with pytest.raises(PartitionLost):
+        await runner._retrying("publish", publish)
+    assert runner.health.state is ConsumerState.RUNNING
+
+
+class _Rebalanced(_Fetched):
+    """A rebalance that ends while the lag asks where a partition is read."""
+
+    async def position(self, tp: TopicPartition) -> int:
+        self.assigned = set()  # revoked meanwhile: aiokafka now asserts on them
+        return self.at[tp]
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        assert tp in self.assigned, f"Partition {tp} is not assigned"
+        return super().highwater(tp)
+
+
+async def test_lag_never_asks_about_a_partition_revoked_while_it_waited() -> None:
+    # the loop asked highwater() of the next partition after an await in which the
+    # rebalance had ended: aiokafka's assertion would stop run
+    p0, p1 = TopicPartition("in", 0), TopicPartition("in", 1)
+    runner = _runner(
+        _Rebalanced({p0: 100, p1: 50}, {p0: 90, p1: 20}),
+        Engine(Decider(load_rules(RULES)), MemoryStore()),
+    )
+    await runner._update_lag()
+    assert (
+        runner.metrics.registry.get_sample_value("limitflow_consumer_lag", {"partition": "0"})
+        is None
+    )
