@@ -32,6 +32,10 @@ from stores.base import Store
 
 log = logging.getLogger("limitflow.engine")
 
+_SYSTEMATIC: Final = 10
+"""Unexpected reading failures in one batch from which, if they are most of it, the batch
+fails instead: a defect every record meets, not bad input."""
+
 
 class Record(msgspec.Struct, frozen=True, gc=False):
     """One input record and where it came from.
@@ -103,6 +107,7 @@ class Engine:
         pending: list[tuple[int, Event, tuple[Applied, ...]]] = []
         plan = self.decider.plan
         add = pending.append
+        unexpected: list[Exception] = []
         for index, record in enumerate(records):
             try:
                 if record.null:
@@ -110,7 +115,21 @@ class Engine:
                         DeadLetterError.INVALID_JSON,
                         "null record (no value: a tombstone): no JSON document",
                     )
-                event = parse_event(record.raw)
+                try:
+                    event = parse_event(record.raw)
+                except (EventRejected, MemoryError):
+                    raise
+                except Exception as exc:
+                    # a defect in reading a record (a number out of Decimal's range once
+                    # raised here): dead-lettered with its bytes, not left to stop the
+                    # consumer on every retry of its batch; the traceback goes to the log
+                    log.exception("a record could not be read: %s", record.source)
+                    unexpected.append(exc)
+                    raise EventRejected(
+                        DeadLetterError.INVALID_EVENT,
+                        f"could not be read: {type(exc).__name__}: {exc}"
+                        " (unexpected: a defect of limitflow, logged)",
+                    ) from exc
                 add((index, event, plan(event)))
             except EventRejected as exc:
                 results[index] = Result(
@@ -120,23 +139,14 @@ class Engine:
                     detail=exc.detail,
                     event_id=_event_id_hint(record.raw),
                 )
-            except MemoryError:
-                raise
-            except Exception as exc:
-                # a defect in reading a record (a number out of Decimal's range once raised
-                # here): dead-lettered with its bytes, not left to stop the consumer on
-                # every retry of its batch; the traceback goes to the log
-                log.exception("a record could not be read: %s", record.source)
-                results[index] = Result(
-                    record,
-                    OutcomeKind.DEAD_LETTER,
-                    error=DeadLetterError.INVALID_EVENT,
-                    detail=(
-                        f"could not be read: {type(exc).__name__}: {exc}"
-                        " (unexpected: a defect of limitflow, logged)"
-                    ),
-                    event_id=None,
-                )
+        if len(unexpected) >= _SYSTEMATIC and 2 * len(unexpected) > len(records):
+            # most of the batch: a defect that every record meets (after an upgrade, say),
+            # not bad input. Dead-lettering them all would commit their offsets with none
+            # decided; failing the batch stops here, and nothing is lost
+            raise RuntimeError(
+                f"{len(unexpected)} of {len(records)} records could not be read, unexpectedly:"
+                " a defect of limitflow, not bad input; the batch is not committed"
+            ) from unexpected[0]
         attempt = 0
         while pending:
             try:
@@ -266,7 +276,9 @@ def _event_id_hint(raw: bytes) -> str | None:
     tracing (an overlong one would be repeated in the dead letter and its header)."""
     try:
         doc = decode_json(raw)
-    except EventRejected:
+    except MemoryError:
+        raise
+    except Exception:  # EventRejected, or what made reading the record fail unexpectedly
         return None
     value = doc.get("event_id") if isinstance(doc, dict) else None
     return value if is_id(value) else None

@@ -596,3 +596,21 @@ def test_running_out_of_memory_while_reading_is_not_a_dead_letter(
     engine = Engine(Decider(parse_rules(RULES)), MemoryStore())
     with pytest.raises(MemoryError):
         asyncio.run(engine.process([Record(pay("e1", "10.00").encode(), {"line": 1})]))
+
+
+def test_a_batch_most_of_which_reading_fails_on_unexpectedly_fails_instead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a defect every record meets is not bad input: dead-lettering them all would commit
+    # their offsets with none decided; the batch fails, uncommitted, and nothing is lost
+    def broken(raw: bytes | str) -> Any:
+        raise ArithmeticError("a reader's defect")
+
+    monkeypatch.setattr("streams.engine.parse_event", broken)
+    store = MemoryStore()
+    engine = Engine(Decider(parse_rules(RULES)), store)
+    lines = [pay(f"e{n}", "10.00") for n in range(12)]
+    with pytest.raises(RuntimeError, match="12 of 12 records could not be read") as caught:
+        asyncio.run(engine.process([Record(x.encode(), {"line": 1}) for x in lines]))
+    assert isinstance(caught.value.__cause__, ArithmeticError)
+    assert not store.data.events
