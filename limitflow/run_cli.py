@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # type: ignore[import-untyped]
     from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
 
+    from streams.consumer import VelocityConsumer
     from streams.ops import Health
 
 EXIT_BROKER = 4
@@ -295,6 +296,18 @@ _HURRIED_CLOSE: Final = 2.0
 """Seconds for each Kafka client's close after a stop's grace ran out on an outage."""
 
 
+def _close_within(runner: VelocityConsumer | None) -> float | None:
+    """Seconds each Kafka client may take to close after a stop: what is left of the
+    stop's grace, at least ``_HURRIED_CLOSE`` (that alone once the grace ran out on an
+    outage); None without a stop under way (the clients' own bounds)."""
+    if runner is None or runner.stop_requested_at is None:
+        return None
+    if runner.gave_up:
+        return _HURRIED_CLOSE
+    grace: float = runner.settings.shutdown_grace_ms / 1000
+    return max(_HURRIED_CLOSE, grace - (time.monotonic() - runner.stop_requested_at))
+
+
 def _unanswered_at_close(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     """asyncio's handler of unretrieved errors, while the Kafka clients close in haste:
     the requests aiokafka still had in flight fail then, and their futures' errors were
@@ -302,7 +315,7 @@ def _unanswered_at_close(loop: asyncio.AbstractEventLoop, context: dict[str, Any
     from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
     exc = context.get("exception")
-    if isinstance(exc, KafkaError):
+    if isinstance(exc, KafkaError | OSError | TimeoutError):
         log.info("a Kafka request was left unanswered at the close: %s", type(exc).__name__)
         return
     loop.default_exception_handler(context)
@@ -566,16 +579,18 @@ async def serve(
         # the handlers stay until the clients are closed: a second signal during the
         # close (up to 25 s) must not kill the process before it leaves its group
         closing = True
-        # a stop whose grace ran out on an outage: the brokers are not answering, and
-        # nothing the clients hold is needed (the abandoned batch is read again), so
-        # they get seconds, not the 25 s a clean close may take
-        hurried = runner is not None and runner.gave_up
-        if hurried:
+        # each client's close is bounded (10 s the producers, 15 s the consumer), and,
+        # after a stop, by what is left of its grace, at least 2 s: a stop that an
+        # outage held to the end of its grace (the brokers not answering, and nothing
+        # the clients hold needed: the abandoned batch is read again) took up to 25 s
+        # more, past an orchestrator's grace
+        within = _close_within(runner)
+        if within is not None:
             loop.set_exception_handler(_unanswered_at_close)
         if output is not None:
-            await (output.close(_HURRIED_CLOSE) if hurried else output.close())
+            await (output.close(min(10, within)) if within is not None else output.close())
         if consumer is not None:
-            await _close_consumer(consumer, _HURRIED_CLOSE if hurried else 15)
+            await _close_consumer(consumer, 15 if within is None else min(15, within))
         if ops:
             await ops.stop()
         if signals is not None:

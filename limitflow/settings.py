@@ -229,7 +229,7 @@ def check_topics(input_topic: str, output_topic: str, dead_letter_topic: str) ->
 
 def check_group(group_id: str) -> None:
     """Refuse an empty consumer group: an empty variable ran a consumer in group ""."""
-    if not group_id:
+    if not group_id.strip():
         raise ConfigError(f"group_id ({env_name('group_id')}): must not be empty")
 
 

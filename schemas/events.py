@@ -256,10 +256,9 @@ def decode_json(raw: bytes | str) -> Any:
     return doc
 
 
-_SURROGATES: Final = re.compile(
-    r"\\u[dD][89abAB][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2})?|\\u[dD][c-fC-F][0-9a-fA-F]{2}"
-)
-"""A surrogate escape: a high one with its low one (a pair, 12 characters), or alone."""
+_ESCAPE: Final = re.compile(r"\\(?:u[0-9a-fA-F]{4}|.)", re.DOTALL)
+"""One escape of a JSON string, so that ``\\\\ud800`` (an escaped backslash, then
+text) is not taken for a ``\\u`` escape."""
 
 
 def _why_not_json(raw: bytes | str, exc: Exception) -> str:
@@ -274,9 +273,15 @@ def _why_not_json(raw: bytes | str, exc: Exception) -> str:
             )
     if "truncated" in str(exc):
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-        for found in _SURROGATES.finditer(text):
-            if len(found.group()) == 6:  # the decoder says "Input data was truncated"
-                return f"{found.group()} is half a surrogate pair, not a character"
+        high: re.Match[str] | None = None  # a high surrogate escape awaiting its low one
+        for found in _ESCAPE.finditer(text):
+            code = int(found.group()[2:], 16) if len(found.group()) == 6 else -1
+            paired = high is not None and found.start() == high.end()
+            if high is not None and not (paired and 0xDC00 <= code <= 0xDFFF):
+                break  # the decoder says "Input data was truncated" of this one
+            high = found if 0xD800 <= code <= 0xDBFF and high is None else None
+        if high is not None:
+            return f"{high.group()} is half a surrogate pair, not a character"
     return str(exc)
 
 

@@ -41,7 +41,8 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from typing import Final
+from urllib.parse import urlsplit
 
 import msgspec
 import zstandard
@@ -255,11 +256,38 @@ class Store(abc.ABC):
         """Raise ``StoreNotInitialized`` when ``_create`` has not been run."""
 
 
+_PLAIN_OPTIONS: Final = frozenset(
+    {
+        *RETENTION_PARAMS,
+        "endpoint_url",
+        "region",
+        "replicaSet",
+        "authSource",
+        "tls",
+        "directConnection",
+        "serverSelectionTimeoutMS",
+        "retryWrites",
+    }
+)
+"""URL options that hold no secret; the value of any other is masked in logs."""
+
+
 def redacted(url: str) -> str:
-    """A store URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    credentials, _, hosts = parts.netloc.rpartition("@")
-    user = credentials.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
+    """A store URL without its password, nor the value of an option that may hold a
+    secret (``authMechanismProperties=AWS_SESSION_TOKEN:…``), for messages and logs."""
+    # rebuilt by hand: urlunsplit drops the empty host of sqlite:////abs/path
+    base, has_query, query = url.partition("?")
+    netloc = urlsplit(base).netloc
+    if "@" in netloc:
+        credentials, _, hosts = netloc.rpartition("@")
+        user, has_password, _ = credentials.partition(":")
+        if has_password:
+            base = base.replace(netloc, f"{user}:***@{hosts}", 1)
+    options = [
+        option
+        if "=" not in option or option.partition("=")[0] in _PLAIN_OPTIONS
+        else f"{option.partition('=')[0]}=***"
+        for option in query.replace(";", "&").split("&")
+        if option
+    ]
+    return base + has_query + "&".join(options)

@@ -210,6 +210,11 @@ class VelocityConsumer:
     def stopping(self) -> bool:
         return self._stop_requested_at is not None
 
+    @property
+    def stop_requested_at(self) -> float | None:
+        """When the first stop was asked for (``time.monotonic``; -inf after a second)."""
+        return self._stop_requested_at
+
     async def run(self) -> None:
         """Consume until ``request_stop``; raises a non-retriable error it cannot handle.
 

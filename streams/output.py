@@ -391,13 +391,17 @@ class TransactionalOutput(Output):
                 # aiokafka retries a transactional producer's requests without end while
                 # the brokers are unreachable: a deadline turns that into an outage
                 await asyncio.wait_for(self._transact_once(tp, batch, offset), 2 * self.timeout)
-        except BaseException:
+        except BaseException as exc:
             # A fresh producer (same transactional_id) aborts whatever this one left open,
             # or completes its commit if that had reached the coordinator; and whoever
             # fenced this one may have committed since: the next transaction reads the
             # committed offset first, however this one failed.
             self._unsure.add(tp)
-            await self._discard(tp)
+            # cancelled (a stop's grace ran out on an outage): the brokers are not
+            # answering, and the stop is not to wait the whole close for them
+            await self._discard(
+                tp, 1.0 if isinstance(exc, asyncio.CancelledError) else _STOP_TIMEOUT
+            )
             raise
 
     async def _transact_once(self, tp: TopicPartition, batch: list[Message], offset: int) -> None:

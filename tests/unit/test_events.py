@@ -599,8 +599,10 @@ def test_half_a_surrogate_pair_is_named_not_called_truncated(escape: str, named:
     assert error.detail == f"not valid JSON: {named} is half a surrogate pair, not a character"
 
 
-def test_a_truncated_record_with_a_whole_surrogate_pair_is_called_truncated() -> None:
-    error = refused(json.dumps(payment())[:-1] + ', "x": "\\ud83d\\ude00"')
+@pytest.mark.parametrize("text", ["\\ud83d\\ude00", "\\\\ud800"])
+def test_a_truncated_record_without_half_a_pair_is_called_truncated(text: str) -> None:
+    # a whole pair, or an escaped backslash followed by the letters ud800
+    error = refused(json.dumps(payment())[:-1] + f', "x": "{text}"')
     assert error.detail == "not valid JSON: Input data was truncated"
 
 
