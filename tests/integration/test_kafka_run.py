@@ -1194,6 +1194,34 @@ def test_a_stop_while_joining_a_group_whose_brokers_went_away_is_heeded(tmp_path
             s.kill_all()
 
 
+async def _deciding_a_backlog(
+    noida: Any,
+    tmp_path: Path,
+    name: str,
+    guarantee: str,
+    *,
+    request_timeout_ms: int,
+    grace_ms: int,
+) -> tuple[Setup, subprocess.Popen[bytes], int]:
+    """``run`` on noida with an ops port, deciding a backlog of 1,500 events 5 at a time
+    (a batch is always in hand): its setup, process and ops port."""
+    s = Setup(noida.bootstrap_servers, tmp_path, f"{name}-{random.randrange(10**6)}")
+    s.create_topics()
+    try:
+        await produce(s.bootstrap, s.topics[0], make_events(1500, seed=9))
+        port = _free_port()
+        proc = s.run(
+            *("--guarantee", guarantee, "--batch-size", "5", "--http-port", str(port)),
+            *("--request-timeout-ms", str(request_timeout_ms)),
+            *("--shutdown-grace-ms", str(grace_ms)),
+        )
+        wait_for(lambda: _rows(s.store) > 20, 90, "progress")
+    except BaseException:
+        s.kill_all()
+        raise
+    return s, proc, port
+
+
 @pytest.mark.parametrize("outage", ["stopped", "frozen"])
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 async def test_a_stop_during_a_broker_outage_ends_within_the_grace(
@@ -1202,16 +1230,10 @@ async def test_a_stop_during_a_broker_outage_ends_within_the_grace(
     # aiokafka retries an offset commit, and a transaction's requests, without end while
     # the brokers are gone: the batch never failed, so neither the grace period nor a
     # second signal applied, and run exited only when the broker came back
-    s = Setup(noida.bootstrap_servers, tmp_path, f"stop-{random.randrange(10**6)}")
-    s.create_topics()
+    s, proc, port = await _deciding_a_backlog(
+        noida, tmp_path, "stop", guarantee, request_timeout_ms=3000, grace_ms=5000
+    )
     try:
-        await produce(s.bootstrap, s.topics[0], make_events(1500, seed=9))
-        port = _free_port()
-        proc = s.run(
-            *("--guarantee", guarantee, "--batch-size", "5", "--http-port", str(port)),
-            *("--request-timeout-ms", "3000", "--shutdown-grace-ms", "5000"),
-        )
-        wait_for(lambda: _rows(s.store) > 20, 90, "progress")
         if outage == "frozen":  # connections stay open, nothing answers
             os.kill(_pid(noida), signal.SIGSTOP)
         else:
@@ -1239,16 +1261,10 @@ async def test_brokers_frozen_under_a_batch_show_at_once_and_a_stop_keeps_its_gr
     # with the default request timeout (30 s), a publish to brokers that went quiet
     # waited it out before it failed: /readyz said ready for those 30 s, and a SIGTERM
     # with a 3 s grace ended after ~60 s (the request in flight, then the clients' close)
-    s = Setup(noida.bootstrap_servers, tmp_path, f"frozen-{random.randrange(10**6)}")
-    s.create_topics()
+    s, proc, port = await _deciding_a_backlog(
+        noida, tmp_path, "frozen", guarantee, request_timeout_ms=30000, grace_ms=3000
+    )
     try:
-        await produce(s.bootstrap, s.topics[0], make_events(1500, seed=10))
-        port = _free_port()
-        proc = s.run(
-            *("--guarantee", guarantee, "--batch-size", "5", "--http-port", str(port)),
-            *("--request-timeout-ms", "30000", "--shutdown-grace-ms", "3000"),
-        )
-        wait_for(lambda: _rows(s.store) > 20, 90, "progress")
         os.kill(_pid(noida), signal.SIGSTOP)  # connections stay open, nothing answers
         try:
             frozen_at = time.monotonic()
