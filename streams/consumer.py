@@ -712,7 +712,7 @@ class _Watch:
         if health.state is ConsumerState.WAITING and health.waiting_on == self.stage:
             health.set(ConsumerState.RUNNING)
         log.info(
-            "%s over after %.1fs",
+            "%s: over after %.1fs",
             self.stage,
             time.monotonic() - self.started,
             extra={"stage": self.stage},
