@@ -267,9 +267,25 @@ _PLAIN_OPTIONS: Final = frozenset(
         "directConnection",
         "serverSelectionTimeoutMS",
         "retryWrites",
+        "retryReads",
+        "w",
+        "journal",
+        "readPreference",
+        "readConcernLevel",
+        "appName",
+        "maxPoolSize",
+        "minPoolSize",
+        "timeoutMS",
+        "connectTimeoutMS",
+        "socketTimeoutMS",
+        "heartbeatFrequencyMS",
+        "localThresholdMS",
+        "compressors",
+        "tlsCAFile",
     }
 )
-"""URL options that hold no secret; the value of any other is masked in logs."""
+"""URL options that hold no secret; the value of any other (a misspelt one included) is
+masked in logs and messages."""
 
 
 def redacted(url: str) -> str:
