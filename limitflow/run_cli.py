@@ -293,7 +293,8 @@ def _version() -> str:
 
 
 _HURRIED_CLOSE: Final = 2.0
-"""Seconds for each Kafka client's close after a stop's grace ran out on an outage."""
+"""The least seconds each Kafka client is given to close after a stop, and all it is
+given once the stop's grace ran out on an outage."""
 
 
 def _close_within(runner: VelocityConsumer | None) -> float | None:
@@ -309,9 +310,10 @@ def _close_within(runner: VelocityConsumer | None) -> float | None:
 
 
 def _unanswered_at_close(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """asyncio's handler of unretrieved errors, while the Kafka clients close in haste:
-    the requests aiokafka still had in flight fail then, and their futures' errors were
-    logged at ERROR with a traceback, for a close that went as intended."""
+    """asyncio's handler of unretrieved errors while the Kafka clients close after a stop
+    (within what is left of its grace): the requests aiokafka still had in flight fail
+    then, and their futures' errors were logged at ERROR with a traceback, for a close
+    that went as intended."""
     from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
     exc = context.get("exception")
