@@ -165,7 +165,12 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.events = Counter("limitflow_events", "Input records consumed", registry=r)
+        self.events = Counter(
+            "limitflow_events",
+            "Input records consumed (a batch read again after an outage or a rebalance"
+            " counts again; verdicts and dead letters count each record once per publish)",
+            registry=r,
+        )
         self.verdicts = Counter(
             "limitflow_verdicts",
             "Verdicts published, by decision and reason (duplicates repeat the original's)",
@@ -207,7 +212,7 @@ class Metrics:
         )
         self.retries = Counter(
             "limitflow_retries",
-            "Retriable failures, by stage (decide, publish, commit)",
+            "Retriable failures, by stage (start, assign, decide, publish, fetch)",
             ["stage"],
             registry=r,
         )
