@@ -28,6 +28,8 @@ def _seconds(query: dict[str, list[str]], name: str, default: int) -> int:
     given = query.pop(name, None)
     if not given:
         return default
+    if len(given) > 1:  # the first one was taken, and an appended override ignored
+        raise ConfigError(f"{name}: given {len(given)} times; give it once")
     try:
         days = float(given[0])
     except ValueError:

@@ -305,6 +305,9 @@ class DynamoStore(Store):
                 f"{url}: unknown parameters {', '.join(sorted(unknown))}"
                 f" (known: {', '.join(known)})"
             )
+        for name, values in query.items():
+            if len(values) > 1:  # the first one was taken, and an appended override ignored
+                raise ConfigError(f"{url}: {name} given {len(values)} times; give it once")
         endpoint = query.get("endpoint_url", [None])[0]
         region = query.get("region", [None])[0]
         return cls(

@@ -319,6 +319,20 @@ def split_url(url: str) -> tuple[str, str]:
     database = unquote(parts.path.lstrip("/")) or DEFAULT_DATABASE
     if "/" in database or any(c in database for c in ' ."$\\\0'):
         raise ConfigError(f"{redacted(url)}: {database!r} is not a MongoDB database name")
+    if len(database.encode()) > 63:  # MongoDB's own limit, which store init met only
+        raise ConfigError(
+            f"{redacted(url)}: {database!r}: a MongoDB database name has at most 63 bytes"
+        )
+    for option in re.split(r"[&;]", parts.query):
+        name, _, value = option.partition("=")
+        if unquote(name).lower() == "w" and unquote(value) != "majority":
+            # every read and write goes through a handle with w=majority, which a
+            # transaction's commit needs: any other w in the URL would be overridden
+            # without a word, a misspelt w=majorty included
+            raise ConfigError(
+                f"{redacted(url)}: w={unquote(value)}: limitflow always writes with"
+                " w=majority (its transactions need it); remove the option"
+            )
     # the options as written, limitflow's taken out: encoding them again would turn
     # readPreferenceTags=dc:ny into dc%3Any, which the driver refuses
     query = "&".join(

@@ -579,6 +579,8 @@ def test_an_unusable_store_fails(tmp_path: Path, rules: Path, store: str) -> Non
         "event_retention_days=nan",
         "bucket_retention_days=0.000001",  # under a second
         "event_retention_days=ten",
+        # the first was taken, and an override appended to the URL ignored
+        "event_retention_days=400&event_retention_days=abc",
     ],
 )
 def test_a_retention_that_cannot_keep_state_is_refused(
@@ -1020,6 +1022,20 @@ def test_an_unknown_dynamodb_url_parameter_is_named_with_the_known_ones(tmp_path
         ": unknown parameters endpoint"
         " (known: bucket_retention_days, endpoint_url, event_retention_days, region)"
     )
+
+
+def test_a_dynamodb_url_parameter_given_twice_is_refused(tmp_path: Path) -> None:
+    # the first was taken: an appended region=eu-west-1 was ignored without a word
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    url = "dynamodb://x?endpoint_url=http://127.0.0.1:8000&region=us-east-1&region=eu-west-1"
+    result = limitflow(
+        *("replay", "--rules", str(rules), "--input", str(source), "--output", "v"),
+        *("--dead-letter", "d", "--store", url),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 3
+    assert one_line_reason(result).endswith(": region given 2 times; give it once")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

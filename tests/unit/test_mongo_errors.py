@@ -21,3 +21,21 @@ def test_an_unreachable_server_is_one_short_reason() -> None:
     assert str(error) == (
         "MongoDB unavailable: 127.0.0.1:1: [Errno 111] Connect call failed ('127.0.0.1', 1)"
     )
+
+
+def test_a_write_concern_limitflow_would_override_is_refused() -> None:
+    # every write goes through a handle with w=majority: w=1, or a misspelt w=majorty
+    # (PyMongo takes any string as a tag-set name), was overridden without a word,
+    # though the docs said such a URL is refused
+    import pytest
+
+    from limitflow.errors import ConfigError
+    from stores.mongo import split_url
+
+    for option in ("w=majorty", "w=1", "W=0"):
+        with pytest.raises(ConfigError, match="always writes with w=majority"):
+            split_url(f"mongodb://app:pw@h:1/lf?{option}")
+    assert split_url("mongodb://h:1/lf?w=majority")[1] == "lf"
+    with pytest.raises(ConfigError, match="at most 63 bytes"):
+        split_url(f"mongodb://h:1/{'a' * 64}")
+    assert split_url(f"mongodb://h:1/{'a' * 63}")[1] == "a" * 63
