@@ -279,7 +279,9 @@ class DynamoStore(Store):
     ) -> None:
         super().__init__(retention, **kwargs)
         if not _PREFIX.fullmatch(prefix):
-            raise ConfigError(f"DynamoDB table prefix {prefix!r}: use letters, digits, _ . -")
+            raise ConfigError(
+                f"DynamoDB table prefix {prefix!r}: use 1 to 200 letters, digits, _ . -"
+            )
         self.table = f"{prefix}-state"
         self.endpoint_url = endpoint_url
         self.region = region
