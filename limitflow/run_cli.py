@@ -301,12 +301,12 @@ def _close_within(runner: VelocityConsumer | None) -> float | None:
     """Seconds each Kafka client may take to close after a stop: what is left of the
     stop's grace, at least ``_HURRIED_CLOSE`` (that alone once the grace ran out on an
     outage); None without a stop under way (the clients' own bounds)."""
-    if runner is None or runner.stop_requested_at is None:
+    if runner is None:
         return None
     if runner.gave_up:
         return _HURRIED_CLOSE
-    grace: float = runner.settings.shutdown_grace_ms / 1000
-    return max(_HURRIED_CLOSE, grace - (time.monotonic() - runner.stop_requested_at))
+    left = runner.grace_left(time.monotonic())
+    return None if left is None else max(_HURRIED_CLOSE, left)
 
 
 def _unanswered_at_close(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -323,11 +323,12 @@ def _unanswered_at_close(loop: asyncio.AbstractEventLoop, context: dict[str, Any
     loop.default_exception_handler(context)
 
 
-async def _close_consumer(consumer: AIOKafkaConsumer, within: float = 15) -> None:
-    """Leave the group and close; with the brokers gone this may fail, which must not
-    turn a clean stop into a crash: every offset that matters is committed already."""
+async def _close_consumer(consumer: AIOKafkaConsumer, within: float | None = None) -> None:
+    """Leave the group and close, in 15 s at most (``within``: at most that); with the
+    brokers gone this may fail, which must not turn a clean stop into a crash: every
+    offset that matters is committed already."""
     try:
-        await asyncio.wait_for(consumer.stop(), within)
+        await asyncio.wait_for(consumer.stop(), 15 if within is None else min(15, within))
     except asyncio.CancelledError:
         # aiokafka's fetcher, closing, awaits its own fetch task, which it cancelled, and
         # that cancellation comes out here when the brokers are gone. Only this task's
@@ -590,9 +591,9 @@ async def serve(
         if within is not None:
             loop.set_exception_handler(_unanswered_at_close)
         if output is not None:
-            await (output.close(min(10, within)) if within is not None else output.close())
+            await output.close(within)
         if consumer is not None:
-            await _close_consumer(consumer, 15 if within is None else min(15, within))
+            await _close_consumer(consumer, within)
         if ops:
             await ops.stop()
         if signals is not None:

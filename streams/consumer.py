@@ -208,10 +208,12 @@ class VelocityConsumer:
     def stopping(self) -> bool:
         return self._stop_requested_at is not None
 
-    @property
-    def stop_requested_at(self) -> float | None:
-        """When the first stop was asked for (``time.monotonic``; -inf after a second)."""
-        return self._stop_requested_at
+    def grace_left(self, now: float) -> float | None:
+        """Seconds left of a stop's grace (``--shutdown-grace-ms``) at ``now``: none left
+        (<= 0) once it is over or a second stop was asked for; None without a stop."""
+        if self._stop_requested_at is None:
+            return None
+        return self.settings.shutdown_grace_ms / 1000 - (now - self._stop_requested_at)
 
     async def run(self) -> None:
         """Consume until ``request_stop``; raises a non-retriable error it cannot handle.
@@ -518,10 +520,9 @@ class VelocityConsumer:
         return outcome
 
     def _grace_expired(self, now: float) -> bool:
-        """Whether a stop was asked for and its grace (``--shutdown-grace-ms``) is over."""
-        if self._stop_requested_at is None:
-            return False
-        return now - self._stop_requested_at >= self.settings.shutdown_grace_ms / 1000
+        """Whether a stop was asked for and its grace is over."""
+        left = self.grace_left(now)
+        return left is not None and left <= 0
 
     async def _wait(self, delay: float, stage: str) -> None:
         """Sleep ``delay`` unless a rebalance or an expired stop grace abandons the batch."""
@@ -685,7 +686,8 @@ class _Watch:
     def _look(self) -> None:
         consumer = self.consumer
         now = time.monotonic()
-        if consumer._grace_expired(now):
+        left = consumer.grace_left(now)
+        if left is not None and left <= 0:
             self.abandoned = True
             self.task.cancel()
             return

@@ -245,8 +245,9 @@ class Output(abc.ABC):
         partial failure redoes only the rest.
         """
 
-    async def close(self, within: float = _STOP_TIMEOUT) -> None:  # noqa: B027
-        """Flush and release the producers, each within ``within`` seconds."""
+    async def close(self, within: float | None = None) -> None:  # noqa: B027
+        """Flush and release the producers, each in ``_STOP_TIMEOUT`` s at most
+        (``within``: at most that)."""
 
 
 class AtLeastOnceOutput(Output):
@@ -281,7 +282,7 @@ class AtLeastOnceOutput(Output):
             )
         done.update(todo)
 
-    async def close(self, within: float = _STOP_TIMEOUT) -> None:
+    async def close(self, within: float | None = None) -> None:
         await _stop_quietly(self.producer, within)
 
 
@@ -357,7 +358,7 @@ class TransactionalOutput(Output):
         self._unsure -= partitions  # the next owner starts from the committed offset
         await asyncio.gather(*(self._discard(tp) for tp in partitions))
 
-    async def _discard(self, tp: TopicPartition, within: float = _STOP_TIMEOUT) -> None:
+    async def _discard(self, tp: TopicPartition, within: float | None = None) -> None:
         producer = self.producers.pop(tp, None)
         if producer is not None:
             await _stop_quietly(producer, within)
@@ -399,9 +400,7 @@ class TransactionalOutput(Output):
             self._unsure.add(tp)
             # cancelled (a stop's grace ran out on an outage): the brokers are not
             # answering, and the stop is not to wait the whole close for them
-            await self._discard(
-                tp, 1.0 if isinstance(exc, asyncio.CancelledError) else _STOP_TIMEOUT
-            )
+            await self._discard(tp, 1.0 if isinstance(exc, asyncio.CancelledError) else None)
             raise
 
     async def _transact_once(self, tp: TopicPartition, batch: list[Message], offset: int) -> None:
@@ -430,10 +429,12 @@ class TransactionalOutput(Output):
         await producer.commit_transaction()
         self._unsure.discard(tp)
 
-    async def close(self, within: float = _STOP_TIMEOUT) -> None:
+    async def close(self, within: float | None = None) -> None:
         await asyncio.gather(*(self._discard(tp, within) for tp in list(self.producers)))
 
 
-async def _stop_quietly(producer: AIOKafkaProducer, within: float = _STOP_TIMEOUT) -> None:
+async def _stop_quietly(producer: AIOKafkaProducer, within: float | None = None) -> None:
+    """Stop ``producer`` in ``_STOP_TIMEOUT`` s at most (``within``: at most that)."""
+    bound = _STOP_TIMEOUT if within is None else min(_STOP_TIMEOUT, within)
     with contextlib.suppress(kafka_errors.KafkaError, TimeoutError):
-        await asyncio.wait_for(producer.stop(), within)
+        await asyncio.wait_for(producer.stop(), bound)

@@ -65,7 +65,7 @@ class _FencingRefused(Output):
     ) -> None:
         raise AssertionError("nothing may be delivered")
 
-    async def close(self, within: float = 10.0) -> None:
+    async def close(self, within: float | None = None) -> None:
         return None
 
 
