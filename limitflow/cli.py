@@ -56,6 +56,7 @@ async def open_ready_store(url: str, *, lock_wait: float | None = None) -> objec
     """Open the store of ``url``; embedded stores are created, servers must be initialised.
     ``lock_wait``: see ``stores.open_store``."""
     from stores import open_store
+    from stores.base import redacted
 
     try:
         store = open_store(url, lock_wait=lock_wait)
@@ -69,14 +70,18 @@ async def open_ready_store(url: str, *, lock_wait: float | None = None) -> objec
             await store.close()
             raise
     except StoreNotInitialized as exc:
-        # the store's own hint, without the URL, gives way to the whole command
+        # the store's own hint, without the URL, gives way to the whole command; logs and
+        # messages never show a password, so the command is then to complete by hand
+        shown = redacted(url)
+        masked = "" if shown == url else " (with the password and options masked here)"
         raise CommandFailed(
-            f"store: {exc.missing}: run `limitflow store init --store '{url}'`", EXIT_STORE
+            f"store: {exc.missing}: run `limitflow store init --store '{shown}'`{masked}",
+            EXIT_STORE,
         ) from None
     except (StoreError, ConfigError) as exc:
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
     except ValueError as exc:  # a driver's word on an endpoint it cannot use, at first use
-        raise CommandFailed(f"store: {url}: {exc}", EXIT_STORE) from None
+        raise CommandFailed(f"store: {redacted(url)}: {exc}", EXIT_STORE) from None
     return store
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from limitflow.errors import ConfigError
-from stores.base import DAY, RETENTION_PARAMS, Retention, Store
+from stores.base import DAY, RETENTION_PARAMS, Retention, Store, redacted
 
 SCHEMES = ("memory", "sqlite", "mongodb", "dynamodb")
 
@@ -57,12 +57,12 @@ def open_store(
         # the server stores refuse options they do not know; so do these: a misspelt
         # retention must not silently keep the default
         raise ConfigError(
-            f"{url}: unknown option {', '.join(sorted(query))}"
+            f"{redacted(url)}: unknown option {', '.join(sorted(query))}"
             f" ({' and '.join(sorted(RETENTION_PARAMS))} are known)"
         )
     if parts.scheme == "memory":
         if parts.netloc or parts.path:
-            raise ConfigError(f"{url}: expected memory:// (it takes no host or path)")
+            raise ConfigError(f"{redacted(url)}: expected memory:// (it takes no host or path)")
         from stores.memory import MemoryStore
 
         return MemoryStore(retention, clock)
@@ -72,7 +72,7 @@ def open_store(
         # SQLAlchemy's convention: sqlite:///relative.db, sqlite:////absolute/path.db
         path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
         if not path:
-            raise ConfigError(f"{url}: expected sqlite:///PATH")
+            raise ConfigError(f"{redacted(url)}: expected sqlite:///PATH")
         return SqliteStore(
             path, retention, clock=clock, lock_wait=LOCK_WAIT if lock_wait is None else lock_wait
         )
@@ -86,5 +86,7 @@ def open_store(
 
             return DynamoStore.from_url(url, retention, clock)
     except ValueError as exc:  # the drivers' word on a port or host they cannot use
-        raise ConfigError(f"{url}: {exc}") from None
-    raise ConfigError(f"{url}: unknown store; use one of {', '.join(s + '://' for s in SCHEMES)}")
+        raise ConfigError(f"{redacted(url)}: {exc}") from None
+    raise ConfigError(
+        f"{redacted(url)}: unknown store; use one of {', '.join(s + '://' for s in SCHEMES)}"
+    )

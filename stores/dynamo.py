@@ -50,7 +50,7 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from stores.base import RETENTION_PARAMS, Expected, Retention, Store
+from stores.base import RETENTION_PARAMS, Expected, Retention, Store, redacted
 from stores.verdict_codec import pack_verdict, unpack_verdict
 
 log = logging.getLogger("limitflow.stores.dynamo")
@@ -304,12 +304,14 @@ class DynamoStore(Store):
         if unknown:
             known = sorted(_URL_PARAMS | RETENTION_PARAMS)
             raise ConfigError(
-                f"{url}: unknown parameters {', '.join(sorted(unknown))}"
+                f"{redacted(url)}: unknown parameters {', '.join(sorted(unknown))}"
                 f" (known: {', '.join(known)})"
             )
         for name, values in query.items():
             if len(values) > 1:  # the first one was taken, and an appended override ignored
-                raise ConfigError(f"{url}: {name} given {len(values)} times; give it once")
+                raise ConfigError(
+                    f"{redacted(url)}: {name} given {len(values)} times; give it once"
+                )
         endpoint = query.get("endpoint_url", [None])[0]
         region = query.get("region", [None])[0]
         return cls(

@@ -1317,6 +1317,29 @@ def test_a_store_not_initialized_says_what_is_missing_and_the_hint_once(
         "store: DynamoDB describe: ResourceNotFoundException: the table is missing: "
         "run `limitflow store init --store 'dynamodb://t?region=x'`"
     )
+    # the hint is printed and logged (by `run` and the faust worker too): no password
+    with pytest.raises(CommandFailed) as caught:
+        asyncio.run(open_ready_store("mongodb://app:Sup3rSecret@db:27017/limits?w=majority"))
+    assert "Sup3rSecret" not in str(caught.value)
+    assert str(caught.value).endswith(
+        "run `limitflow store init --store 'mongodb://app:***@db:27017/limits?w=majority'`"
+        " (with the password and options masked here)"
+    )
+
+
+def test_a_store_url_that_cannot_be_used_is_told_without_its_password() -> None:
+    import stores
+    from limitflow.errors import ConfigError
+
+    for url in (
+        "mongo://app:Sup3rSecret@db/limits",  # a misspelt scheme
+        "mongodb://app:Sup3rSecret@db:99999/limits",  # a port the driver refuses
+        "sqlite:///x.db?token=Sup3rSecret",
+        "dynamodb://t?region=x&secret=Sup3rSecret",
+    ):
+        with pytest.raises(ConfigError) as caught:
+            stores.open_store(url)
+        assert "Sup3rSecret" not in str(caught.value), url
 
 
 def test_run_ignores_a_sigterm_that_comes_while_python_finishes(
