@@ -286,6 +286,18 @@ _YAML_DECIMAL_INT: Final = re.compile(r"[-+]?(?:0|[1-9][0-9]*)", re.ASCII)
 _YAML_DECIMAL_FLOAT: Final = re.compile(
     r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII
 )
+# YAML 1.2 (and JSON) read ``6.011e3`` and ``1e3`` as numbers; YAML 1.1 needs a dot and a
+# signed exponent, and PyYAML took them for text: ``match: {mcc: [6.011e3]}`` never matched
+# the number 6011, and a rule meant to stop cash withdrawals let every one through. They are
+# numbers here too. A YAML 1.2 octal (``0o17``) is an int, refused as unclear.
+_RulesLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?\Z", re.ASCII),
+    list("-+.0123456789"),
+)
+_RulesLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"[-+]?0o[0-7]+\Z", re.ASCII), list("-+0")
+)
 for _tag, _method in (
     ("bool", _RulesLoader.construct_yaml_bool),
     ("int", _RulesLoader.construct_yaml_int),

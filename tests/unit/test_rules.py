@@ -450,6 +450,24 @@ def test_a_match_value_yaml_would_silently_change_is_refused(value: str, reading
     assert "line 5" in message
 
 
+def test_a_number_with_an_exponent_is_a_number_as_json_and_yaml_1_2_read_it() -> None:
+    # PyYAML (YAML 1.1) took 6.011e3 for the text "6.011e3": the rule never matched the
+    # event number 6011, and a limit meant to stop cash withdrawals stopped none
+    rule = parse_rules(
+        one_rule("window: day\nmax_count: 0\nmatch: {mcc: [6.011e3, 1e3, 5E0, 7., -2e-0]}")
+    ).rules[0]
+    assert dict(rule.match) == {"mcc": frozenset({"6011", "1000", "5", "7", "-2"})}
+    assert parse_rules(one_rule("window: day\nmax_count: 1e1")).rules[0].max_count == 10
+    limits = parse_rules(one_rule("window: day\ncurrency: CNY\nmax_amount: 5e3", "1e3"))
+    assert limits.rules[0].id == "1e3"  # an id is its text, as for id: 1.10
+    assert limits.rules[0].max_amount == 500000
+
+
+def test_a_yaml_1_2_octal_is_refused_as_unclear() -> None:
+    message = refusal(one_rule("window: day\nmax_count: 1\nmatch: {code: [0o17]}"))
+    assert message.startswith("rule 'r1': match.code: 0o17 would be read as 15")
+
+
 def test_quoted_and_plain_values_that_mean_their_text_are_kept() -> None:
     rules = parse_rules(
         one_rule(
