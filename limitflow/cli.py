@@ -140,6 +140,14 @@ def _refuse_store_outputs(args: argparse.Namespace) -> None:
 
 
 async def _replay(args: argparse.Namespace) -> int:
+    signals = _Signals()
+    try:
+        return await _replay_with(args, signals)
+    finally:
+        signals.restore()
+
+
+async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
     from handlers.decide import Decider
     from stores.base import Store
     from streams.engine import Engine, fewer_collections
@@ -172,7 +180,6 @@ async def _replay(args: argparse.Namespace) -> int:
             shared = letters is not None and os.path.samestat(os.fstat(verdicts.fileno()), letters)
             dead = verdicts if shared else files.enter_context(_open_binary(args.dead_letter, "wb"))
             size = os.fstat(source.fileno()).st_size if args.input != "-" else None
-            signals = _Signals()
             try:
                 with signals, fewer_collections():
                     summary = await replay(
@@ -204,10 +211,12 @@ async def _replay(args: argparse.Namespace) -> int:
         f"{_count(summary.dead_letters, 'dead letter')} in {summary.seconds:.2f}s"
     )
     if summary.interrupted:
+        upto = f" (input lines 1-{summary.last_line})" if summary.lines else ""
+        again = "Send the same input again" if args.input == "-" else "Replay the same file"
         _say(
-            f"limitflow: stopped by a signal after {summary.lines} events; they are decided"
-            " and written. Replay the same file on the same store to finish: events decided"
-            " before repeat their verdicts."
+            f"limitflow: stopped by a signal after {_count(summary.lines, 'event')}{upto};"
+            f" they are decided and written. {again} on the same store to finish: events"
+            " decided before repeat their verdicts."
         )
         return EXIT_INTERRUPTED
     return EXIT_OK
@@ -256,8 +265,25 @@ class _Signals:
             raise Interrupted
 
     def __exit__(self, *exc: object) -> None:
+        # not the default actions yet: a SIGTERM while the store closes and the summary
+        # is said ended the process with 143 and no summary
+        for sig in self._before:
+            signal.signal(sig, self._late)
+
+    def _late(self, signum: int, _frame: object) -> None:
+        """A signal once the replay is over: the first is noted, a second stops at once."""
+        name = signal.Signals(signum).name
+        if self.stop.requested:
+            _say(f"limitflow: {name}: stopping now")
+            raise KeyboardInterrupt
+        self.stop.requested = True
+        _say(f"limitflow: {name}: the replay is over; finishing (again to stop at once)")
+
+    def restore(self) -> None:
+        """Put back the handlers there were before (once the command is done)."""
         for sig, before in self._before.items():
             signal.signal(sig, before)
+        self._before.clear()
 
 
 def _sqlite_file(url: str) -> str | None:

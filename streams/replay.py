@@ -26,30 +26,34 @@ class ReplaySummary:
     rejected: int = 0
     seconds: float = 0.0
     interrupted: bool = False
-    """Stopped by a signal after a whole batch: what is written is decided and stored."""
+    """Stopped by a signal: every line read before it is decided, written and stored."""
+    last_line: int = 0
+    """The line number of the last event decided (0 for none)."""
 
 
 _BOM: Final = b"\xef\xbb\xbf"
 
 
-def read_batches(source: BinaryIO, batch_size: int) -> Iterator[list[Record]]:
-    """Non-blank lines as records with their 1-based line numbers, in batches.
+def read_lines(source: BinaryIO, batch_size: int, pending: list[Record]) -> Iterator[bool]:
+    """Read non-blank lines into ``pending`` as records with their 1-based line numbers;
+    yield each time it holds ``batch_size`` (the caller takes them out), and end at the
+    end of ``source`` with the rest there.
 
+    The lines read stay in ``pending``, the caller's, until the caller takes them: a
+    read cut short by a signal (``Interrupted``, which may be raised anywhere in here)
+    loses none of them.
     A UTF-8 byte order mark starting the file is not part of its first line (editors on
     Windows write one; RFC 8259 lets a reader ignore it)."""
-    batch: list[Record] = []
+    add = pending.append
     for number, line in enumerate(source, start=1):
         raw = line.rstrip(b"\r\n")
         if number == 1 and raw.startswith(_BOM):
             raw = raw[len(_BOM) :]
         if not raw.strip(JSON_BLANK_BYTES):
             continue
-        batch.append(Record(raw, {"line": number}))
-        if len(batch) >= batch_size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+        add(Record(raw, {"line": number}))
+        if len(pending) >= batch_size:
+            yield True
 
 
 class _Progress:
@@ -101,36 +105,54 @@ async def replay(
     progress = _Progress(total_bytes)
     stop = stop or Interruption()
     started = time.perf_counter()
-    batches = read_batches(source, batch_size)
-    try:
-        while True:
-            stop.reading = True
-            if stop.requested:
-                break
-            batch = next(batches, None)  # may wait on a pipe: a signal ends the wait
+    pending: list[Record] = []
+    lines = read_lines(source, batch_size, pending)
+    more: bool | None = True
+    while more:
+        stop.reading = True
+        if stop.requested:
+            break
+        try:
+            more = next(lines, None)  # may wait on a pipe: a signal ends the wait
             stop.reading = False
-            if batch is None:
-                break
-            stop.deciding = True
-            results = await engine.process(batch)
-            if verdicts is dead_letters:
-                _write(verdicts, _lines(results, summary, verdicts=True, dead=True), "output")
-            else:
-                _write(verdicts, _lines(results, summary, verdicts=True), "output")
-                _write(dead_letters, _lines(results, summary, dead=True), "dead-letter")
-            summary.lines += len(batch)
+        except Interrupted:
+            stop.reading = False
+            more = None  # the lines read before are decided: a pipe's cannot be read again
+        batch = pending[:]  # taken out here, not in ``read_lines``, where a signal may
+        pending.clear()  # cut in between the two
+        if batch:
+            await _decide(engine, batch, verdicts, dead_letters, summary, stop)
             summary.seconds = time.perf_counter() - started
-            stop.deciding = False
             position = source.tell() if total_bytes else None
             progress.update(summary, position)
-    except Interrupted:  # only ever raised while reading: what was read is not decided
-        pass
     summary.interrupted = stop.requested
     _write(verdicts, b"", "output")
     _write(dead_letters, b"", "dead-letter")
     summary.seconds = time.perf_counter() - started
     progress.update(summary, total_bytes, force=True)
     return summary
+
+
+async def _decide(
+    engine: Engine,
+    batch: list[Record],
+    verdicts: BinaryIO,
+    dead_letters: BinaryIO,
+    summary: ReplaySummary,
+    stop: Interruption,
+) -> None:
+    """Decide one batch and write its lines, counted into ``summary``."""
+    stop.deciding = True
+    results = await engine.process(batch)
+    if verdicts is dead_letters:
+        _write(verdicts, _lines(results, summary, verdicts=True, dead=True), "output")
+    else:
+        _write(verdicts, _lines(results, summary, verdicts=True), "output")
+        _write(dead_letters, _lines(results, summary, dead=True), "dead-letter")
+    summary.lines += len(batch)
+    line = batch[-1].source["line"]
+    summary.last_line = line if isinstance(line, int) else 0
+    stop.deciding = False
 
 
 class Interruption:

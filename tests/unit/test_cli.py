@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import platform
 import signal
 import socket
 import sqlite3
@@ -822,6 +823,67 @@ def test_a_first_signal_ends_a_replay_after_its_batch_and_a_rerun_completes_it(
     complete = (tmp_path / "v3.jsonl").read_bytes().splitlines()
     assert (tmp_path / "v2.jsonl").read_bytes().splitlines() == complete
     assert first == complete[: len(first)]
+
+
+def test_a_signal_while_a_replay_waits_on_a_pipe_decides_the_lines_read_before_it(
+    tmp_path: Path,
+) -> None:
+    # the lines read into the batch in hand were dropped: 0 verdicts, 0 dead letters, and
+    # "stopped after 0 events; they are decided and written", while 100 events had been
+    # taken from the pipe, which cannot be read again
+    read = {"x86_64": "0", "aarch64": "63"}.get(platform.machine())
+    if read is None:
+        pytest.skip("the read system call's number on this machine is not known here")
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    out = tmp_path / "v.jsonl"
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
+            *("--input", "-", "--store", f"sqlite:///{tmp_path / 'state.db'}"),
+            *("--output", str(out), "--dead-letter", str(tmp_path / "d.jsonl")),
+        ],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    lines = [pay(f"e{n}", account=f"a{n % 7}").encode() for n in range(100)]
+    proc.stdin.write(b"\n".join([*lines, b"", b""]))  # a blank line last: line 101
+    proc.stdin.flush()  # and the pipe stays open: the replay waits for more
+    # until it waits in a read of its standard input, all that was sent read
+    in_syscall = Path(f"/proc/{proc.pid}/syscall")
+    deadline = time.monotonic() + 60
+    while in_syscall.read_text().split()[:2] != [read, "0x0"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err.decode()
+    assert b"Traceback" not in err
+    assert (
+        "stopped by a signal after 100 events (input lines 1-100); they are decided and"
+        " written. Send the same input again on the same store to finish"
+    ) in err.decode()
+    verdicts = [json.loads(line) for line in out.read_bytes().splitlines()]
+    assert [v["event_id"] for v in verdicts] == [f"e{n}" for n in range(100)]
+
+
+def test_a_signal_once_a_replay_is_over_does_not_end_the_process_by_its_default() -> None:
+    # the default actions came back as the replay ended: a SIGTERM while the store
+    # closed or the summary was said ended the process with 143 and no summary
+    from limitflow.cli import _Signals
+
+    before = signal.getsignal(signal.SIGTERM)
+    signals = _Signals()
+    try:
+        with signals:
+            pass
+        signal.raise_signal(signal.SIGTERM)  # noted: the replay is over
+        assert signals.stop.requested
+        with pytest.raises(KeyboardInterrupt):  # a second stops at once: exit 130
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        signals.restore()
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_an_output_that_is_the_store_file_is_refused(tmp_path: Path) -> None:
