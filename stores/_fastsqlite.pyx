@@ -126,4 +126,13 @@ def buckets_into(rows, dict out):
         row = <tuple?>found
         if len(row) != 7:  # (the statement selects seven columns)
             raise ValueError(f"a buckets row of {len(row)} columns")
-        out[row[0]] = Bucket(row[1], row[2], row[3], row[4], row[5], row[6] or 0)
+        count, amount, version, period_end, expires_at, born = row[1:]
+        if not (
+            type(count) is int and type(amount) is int and type(version) is int
+            and count >= 0 and amount >= 0
+            and (period_end is None or type(period_end) is int)
+            and (expires_at is None or type(expires_at) is int)
+            and (born is None or type(born) is int)
+        ):
+            raise ValueError(f"bucket {row[0]!r}: {row[1:]!r} is not a bucket's row")
+        out[row[0]] = Bucket(count, amount, version, period_end, expires_at, born or 0)

@@ -406,13 +406,23 @@ def _bucket(doc: Mapping[str, Any]) -> Bucket:
     period_end = doc.get("period_end")
     expires_at = doc.get("expires_at")
     return Bucket(
-        count=int(doc["count"]),
-        amount=int(doc["amount"]),
-        version=int(doc["version"]),
-        period_end=None if period_end is None else int(period_end),
+        count=_counted(doc["count"], "count"),
+        amount=_counted(doc["amount"], "amount"),
+        version=_counted(doc["version"], "version"),
+        period_end=None if period_end is None else _counted(period_end, "period_end", -(2**63)),
         expires_at=None if expires_at is None else _epoch(expires_at),
-        born=int(doc.get("born", 0)),
+        born=_counted(doc.get("born", 0), "born"),
     )
+
+
+def _counted(value: object, name: str, least: int = 0) -> int:
+    """A bucket's number as stored: ``int()`` took a double of 1.5 (a document edited by
+    hand) for 1, and a negative count would let more payments through. (A period may
+    end before 1970: ``least``.)"""
+    # (an int64 reads as bson's Int64, an int)
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"a bucket's {name} of {value!r}")
+    return int(value)
 
 
 def _account_doc(account: Account) -> Document:

@@ -187,6 +187,20 @@ def buckets_into(found: Iterable[tuple[Any, ...]], out: dict[str, Bucket]) -> No
     as a Bucket in ``out``. The reference; ``stores._fastsqlite.buckets_into`` is its
     compiled twin."""
     for key, count, amount, version, period_end, expires_at, born in found:
+        # SQLite keeps any value in any column (a file edited by hand, or damaged): a
+        # REAL or text count would be published in verdicts, a negative one over-accept
+        if not (
+            type(count) is int
+            and type(amount) is int
+            and type(version) is int
+            and count >= 0
+            and amount >= 0
+            and (period_end is None or type(period_end) is int)
+            and (expires_at is None or type(expires_at) is int)
+            and (born is None or type(born) is int)
+        ):
+            row = (count, amount, version, period_end, expires_at, born)
+            raise ValueError(f"bucket {key!r}: {row!r} is not a bucket's row")
         out[key] = Bucket(count, amount, version, period_end, expires_at, born or 0)
 
 
@@ -320,6 +334,17 @@ class SqliteStore(Store):
                     f" FROM events WHERE id IN ({marks})",
                     chunk,
                 ):
+                    # every number an int, as for accounts and buckets above
+                    if not (
+                        type(row[5]) is int  # seq, amount, reversed, occurred, version
+                        and type(row[7]) is int
+                        and type(row[9]) is int
+                        and type(row[11]) is int
+                        and type(row[12]) is int
+                        and row[4] in (0, 1)
+                        and (row[13] is None or type(row[13]) is int)
+                    ):
+                        raise ValueError(f"event {row[0]!r}: a row that is not an event's")
                     snapshot.events[row[0]] = EventRecord(
                         fingerprint=row[1],
                         account_id=row[2],

@@ -57,8 +57,13 @@ def unpack_verdict(stored: bytes | memoryview, codec: VerdictCodec | None = None
     if data[:1] == DICTIONARY_TAG:
         if codec is None:
             raise ValueError("a verdict compressed against a dictionary, and none was found")
-        return codec.decompress(data[1:])
-    return _decompress(data) if data[:4] == _ZSTD_MAGIC else data
+        verdict = codec.decompress(data[1:])
+    else:
+        verdict = _decompress(data) if data[:4] == _ZSTD_MAGIC else data
+    if verdict[:1] != b"{" or verdict[-1:] != b"}":
+        # published again to every resend as it is: a damaged or hand-written one is not
+        raise ValueError("a stored verdict that is not a JSON object")
+    return verdict
 
 
 def richest(verdicts: Iterable[bytes], look_at: int = 100) -> bytes | None:

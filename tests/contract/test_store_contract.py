@@ -411,7 +411,7 @@ async def test_expired_record_deleted_and_recreated_is_not_overwritten(store_url
     early, b, a = await handles(store_url, NOW, LATER, LATER)
     try:
         state = WorkingState(Snapshot())
-        add_payment(state, "e1", b"old", NOW, account="a")
+        add_payment(state, "e1", b'{"old":1}', NOW, account="a")
         await early.commit(state.take_writes())
 
         seen_by_b = await b.load(Keys(buckets={BUCKET}, events={"e1"}, accounts={"a"}))
@@ -420,15 +420,15 @@ async def test_expired_record_deleted_and_recreated_is_not_overwritten(store_url
         seen_by_a = await a.load(Keys(buckets={BUCKET}, events={"e1"}))
         assert not seen_by_a.buckets and not seen_by_a.events
         state_a = WorkingState(seen_by_a)
-        add_payment(state_a, "e1", b"A", LATER)
+        add_payment(state_a, "e1", b'{"A":1}', LATER)
         await a.commit(state_a.take_writes())
 
         # B's account write alone would succeed: the commit is refused as a whole
         state_b = WorkingState(seen_by_b)
-        add_payment(state_b, "e1", b"B", LATER, account="a")
+        add_payment(state_b, "e1", b'{"B":1}', LATER, account="a")
         with pytest.raises(ConflictError):
             await b.commit(state_b.take_writes())
-        assert await stored(a) == ((1, 5, 1), b"A", 1)  # A's records; B stored nothing
+        assert await stored(a) == ((1, 5, 1), b'{"A":1}', 1)  # A's records; B stored nothing
     finally:
         for store in (early, b, a):
             await store.close()
@@ -443,7 +443,7 @@ async def test_live_record_deleted_and_recreated_to_the_same_version_is_not_over
     try:
         for event_id in ("e0", "e1"):
             state = WorkingState(await early.load(Keys(buckets={BUCKET}, accounts={"a"})))
-            add_payment(state, event_id, b"old", NOW, account="a")
+            add_payment(state, event_id, b'{"old":1}', NOW, account="a")
             await early.commit(state.take_writes())
 
         seen_by_b = await b.load(Keys(buckets={BUCKET}, events={"e1"}, accounts={"a"}))
@@ -451,7 +451,7 @@ async def test_live_record_deleted_and_recreated_to_the_same_version_is_not_over
         await purge(early, BUCKET, "e1")
         for event_id in ("e1", "e2"):  # e1 again: its idempotency record was deleted
             state = WorkingState(await a.load(Keys(buckets={BUCKET}, events={event_id})))
-            add_payment(state, event_id, b"A", LATER)
+            add_payment(state, event_id, b'{"A":1}', LATER)
             await a.commit(state.take_writes())
 
         # B releases e1's payment (a reversal): bucket 2 -> 3, e1 1 -> 2, account 2 -> 3
@@ -464,7 +464,7 @@ async def test_live_record_deleted_and_recreated_to_the_same_version_is_not_over
         state_b.account_for_update("a").seq += 1
         with pytest.raises(ConflictError):
             await b.commit(state_b.take_writes())
-        assert await stored(a) == ((2, 10, 2), b"A", 2)
+        assert await stored(a) == ((2, 10, 2), b'{"A":1}', 2)
     finally:
         for store in (early, b, a):
             await store.close()
@@ -477,14 +477,14 @@ async def test_absent_record_created_meanwhile_is_not_overwritten(store_url: str
         seen_by_b = await b.load(Keys(buckets={BUCKET}, events={"e1"}, accounts={"a"}))
         assert not seen_by_b.buckets and not seen_by_b.events
         state_a = WorkingState(await a.load(Keys(buckets={BUCKET}, events={"e1"})))
-        add_payment(state_a, "e1", b"A", LATER)
+        add_payment(state_a, "e1", b'{"A":1}', LATER)
         await a.commit(state_a.take_writes())
 
         state_b = WorkingState(seen_by_b)
-        add_payment(state_b, "e1", b"B", LATER, account="a")
+        add_payment(state_b, "e1", b'{"B":1}', LATER, account="a")
         with pytest.raises(ConflictError):
             await b.commit(state_b.take_writes())
-        assert await stored(a) == ((1, 5, 1), b"A", None)
+        assert await stored(a) == ((1, 5, 1), b'{"A":1}', None)
     finally:
         for store in (b, a):
             await store.close()

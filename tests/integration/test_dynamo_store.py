@@ -92,7 +92,7 @@ def _event(version: int = 1, **kw: object) -> EventRecord:
         "type": EventType.PAYMENT,
         "accepted": True,
         "seq": 1,
-        "verdict": b'{"decision":"accept"}\x00\xff',
+        "verdict": b'{"decision":"accept","b":"\x00\xff"}',
         "amount": 10**22 + 7,
         "currency": "CNY",
         "buckets": ("r1|2026-03-14|acct-1", "r2|2026-03|card|x"),

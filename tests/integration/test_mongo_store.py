@@ -99,7 +99,7 @@ def record(event_id: str, version: int = 1, **changes: Any) -> EventRecord:
         "type": EventType.PAYMENT,
         "accepted": True,
         "seq": 1,
-        "verdict": b'{"decision":"accept"}\x00\xff',
+        "verdict": b'{"decision":"accept","b":"\x00\xff"}',
         "amount": 12_345,
         "currency": "CNY",
         "buckets": ("b-day", "b-life"),
@@ -243,7 +243,7 @@ async def test_records_round_trip(store: MongoStore) -> None:
     assert snapshot.buckets["b-day"].expires_at == 4_000_000_000 + store.retention.bucket_seconds
     assert snapshot.accounts == writes.accounts
     assert snapshot.events == writes.events
-    assert snapshot.events["e1"].verdict == b'{"decision":"accept"}\x00\xff'
+    assert snapshot.events["e1"].verdict == b'{"decision":"accept","b":"\x00\xff"}'
     # fresh objects: changing what was read changes nothing stored
     snapshot.buckets["b-day"].count = 99
     again = await store.load(Keys(buckets={"b-day"}))
@@ -271,6 +271,24 @@ async def test_a_bucket_whose_expiry_has_milliseconds_can_still_be_written(
     read.count, read.version = 2, read.version + 1
     await store.commit(Writes(buckets={"b": read}))
     assert (await store.load(Keys(buckets={"b"}))).buckets["b"].count == 2
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "edit", [{"count": 1.5}, {"amount": -300}, {"count": "abc"}, {"version": 2.0}]
+)
+async def test_a_bucket_edited_by_hand_into_what_no_bucket_holds_is_refused(
+    store: MongoStore, store_url: str, edit: dict[str, Any]
+) -> None:
+    # int() read a double of 1.5 as 1, and a negative amount left more room than the limit
+    await store.commit(Writes(buckets={"b": Bucket(count=1, amount=100, version=1)}))
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(store_url)
+    try:
+        await client.get_default_database().buckets.update_one({"_id": "b"}, {"$set": edit})
+    finally:
+        await client.close()
+    with pytest.raises(StoreRejected, match="bucket"):
+        await store.load(Keys(buckets={"b"}))
 
 
 @pytest.mark.integration
@@ -430,7 +448,7 @@ async def test_ttl_deletion_does_not_let_a_stale_writer_overwrite_the_new_record
     await handle.commit(
         Writes(
             buckets={"b": Bucket(count=1, amount=10, version=1, period_end=now)},
-            events={"e": record("e", occurred=now, verdict=b"old")},
+            events={"e": record("e", occurred=now, verdict=b'{"old":1}')},
         )
     )
     keys = Keys(buckets={"b"}, events={"e"})
@@ -449,7 +467,7 @@ async def test_ttl_deletion_does_not_let_a_stale_writer_overwrite_the_new_record
     await handle.commit(
         Writes(
             buckets={"b": Bucket(count=1, amount=20, version=1, period_end=later + DAY)},
-            events={"e": record("e", occurred=later + DAY, verdict=b"A")},
+            events={"e": record("e", occurred=later + DAY, verdict=b'{"A":1}')},
         )
     )
     bucket, event = seen_by_b.buckets["b"], seen_by_b.events["e"]
@@ -459,7 +477,7 @@ async def test_ttl_deletion_does_not_let_a_stale_writer_overwrite_the_new_record
         await handle.commit(Writes(buckets={"b": bucket}, events={"e": event}))
     stored = await handle.load(keys)
     assert (stored.buckets["b"].count, stored.buckets["b"].amount) == (1, 20)
-    assert stored.events["e"].verdict == b"A" and stored.events["e"].reversed == 0
+    assert stored.events["e"].verdict == b'{"A":1}' and stored.events["e"].reversed == 0
 
 
 UNREACHABLE = """

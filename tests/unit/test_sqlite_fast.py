@@ -98,6 +98,30 @@ def test_buckets_read_the_same_both_ways() -> None:
         _fastsqlite.buckets_into(iter([("k", 1, 2)]), {})
 
 
+@pytest.mark.parametrize(
+    "row",
+    [
+        ("k", 1, 1.5, 1, 4, 5, 6),  # a REAL amount was published as "3551..5"
+        ("k", "abc", 2, 1, 4, 5, 6),  # text: a TypeError and a traceback
+        ("k", 1, 2, 1, "x", 5, 6),
+        ("k", 1, 2, 1, 4, "x", 6),
+        ("k", 1, 2, 1, 4, 5, 2.0),
+        ("k", 1, 2, None, 4, 5, 6),
+        ("k", -3, 2, 1, 4, 5, 6),  # a negative count would let more through
+        ("k", 1, -2, 1, 4, 5, 6),
+        ("k", True, 2, 1, 4, 5, 6),
+    ],
+)
+def test_a_bucket_row_that_is_not_a_buckets_is_refused_both_ways(row: tuple[object, ...]) -> None:
+    # SQLite keeps any value in any column (a file edited by hand, or damaged)
+    readers = [sqlite.buckets_into]
+    if _fastsqlite is not None:
+        readers.append(_fastsqlite.buckets_into)
+    for buckets_into in readers:
+        with pytest.raises(ValueError, match=r"'k': .* is not a bucket's row"):
+            buckets_into(iter([row]), {})
+
+
 @needs_compiled
 def test_the_store_uses_the_compiled_loops() -> None:
     assert private(sqlite, "_rows") is _fastsqlite.rows

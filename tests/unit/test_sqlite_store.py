@@ -90,6 +90,41 @@ async def test_an_account_sequence_that_is_not_an_integer_is_refused(
         await store.close()
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "UPDATE buckets SET amount = 1.5",
+        "UPDATE buckets SET count = 'abc'",
+        "UPDATE buckets SET count = -3",
+        "UPDATE events SET verdict = x'00'",
+        "UPDATE events SET accepted = 'yes'",
+        "UPDATE events SET seq = 'x'",
+        "UPDATE events SET amount = 2.5",
+    ],
+)
+async def test_a_bucket_or_event_row_edited_by_hand_is_refused(tmp_path: Path, edit: str) -> None:
+    """As for accounts: a REAL amount was published in verdicts ("3551..5"), a text
+    count ended in a traceback, a verdict of b"\x00" went to every resend."""
+    path = str(tmp_path / "edited.db")
+    store = SqliteStore(path)
+    await store.init()
+    try:
+        engine = Engine(Decider(parse_rules(_DAY_RULES)), store)
+        await engine.process([Record(_PAYMENT, {"line": 1})])
+        with closing(sqlite3.connect(path, isolation_level=None)) as db:
+            db.execute(edit)
+        with pytest.raises(StoreRejected, match=r"is not|not an event's|not a JSON object"):
+            await engine.process([Record(_PAYMENT, {"line": 1})])
+    finally:
+        await store.close()
+
+
+_PAYMENT = (
+    b'{"event_id":"p1","account_id":"a","amount":"10.00","currency":"CNY",'
+    b'"occurred_at":"2030-03-17T10:00:00Z"}'
+)
+
+
 async def test_a_file_made_before_verdicts_were_compressed_reads_and_writes(
     tmp_path: Path,
 ) -> None:

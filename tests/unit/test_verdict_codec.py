@@ -78,7 +78,18 @@ def test_the_dictionary_is_trained_and_smaller_than_one_of_content() -> None:
     # whatever the first verdict, the codec works (too little to train on: content)
     for odd in (b"{}", b'{"event_id":"e"}', b"[]", b"not json", b'{"limits":[1,{}]}'):
         codec = VerdictCodec(make_dictionary(odd))
-        assert unpack_verdict(codec.pack(odd), codec) == odd
+        assert unpack_verdict(codec.pack(verdicts[0]), codec) == verdicts[0]
+        if odd.startswith(b"{"):
+            assert unpack_verdict(codec.pack(odd), codec) == odd
+
+
+def test_a_stored_verdict_that_is_not_a_json_object_is_refused() -> None:
+    # it was published again, as it was, to every resend of its event: b"\x00" from a
+    # damaged or hand-edited sqlite file went out as a verdict
+    codec = VerdictCodec(make_dictionary(_sample_verdicts()[0]))
+    for stored in (b"\x00", b"", b"[]", b"not json", codec.pack(b"[1]"), pack_verdict(b"x" * 300)):
+        with pytest.raises(ValueError, match="a stored verdict that is not a JSON object"):
+            unpack_verdict(stored, codec)
 
 
 def _same_form(value: str) -> str:
