@@ -261,6 +261,10 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         # faust passes fetch_max_wait_ms=1500 with no setting to change it; aiokafka reads
         # this attribute when the consumer starts and builds its fetcher from it
         consumer._fetch_max_wait_ms = cast(LimitflowApp, self.app).limitflow.fetch_max_wait_ms
+        # faust reads read_uncommitted unless it is in a transaction itself: a payment
+        # whose upstream transaction aborted (one that never happened) was decided and
+        # counted. Read committed events only, as ``limitflow run`` does
+        consumer._isolation_level = "read_committed"
         return consumer
 
     async def on_start(self) -> None:

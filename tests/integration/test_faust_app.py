@@ -342,6 +342,56 @@ async def test_a_stop_while_the_store_is_locked_ends_and_loses_nothing(
         assert again.stop() == 0, (tmp_path / "w2.log").read_text()[-3000:]
 
 
+async def test_events_of_an_aborted_upstream_transaction_are_not_decided(
+    tmp_path: Path,
+) -> None:
+    """faust's consumer reads read_uncommitted unless faust itself is in a transaction:
+    a payment whose upstream transaction aborted, a payment that never happened, was
+    counted, and the real one after it rejected (``run`` reads read_committed). On noida,
+    whose transactions abort as Kafka's do (tansu's aborted records reach every reader)."""
+    payment = json.loads(
+        next(line for line in input_lines() if b'"type"' not in line or b"payment" in line)
+    )
+    aborted = {**payment, "event_id": "never-happened", "amount": "2900.00", "currency": "CNY"}
+    committed = {**aborted, "event_id": "happened"}
+    lines = [json.dumps(committed).encode()]
+    expected, _ = replay(lines, tmp_path)
+    with kafka_broker("noida") as noida:
+        names = Topics()
+        admin = AIOKafkaAdminClient(bootstrap_servers=noida.bootstrap_servers)
+        await admin.start()
+        try:
+            await admin.create_topics(
+                [
+                    NewTopic(names.input, 1, 1),
+                    NewTopic(names.output, 1, 1),
+                    NewTopic(names.dead, 1, 1),
+                ]
+            )
+        finally:
+            await admin.close()
+        upstream = AIOKafkaProducer(
+            bootstrap_servers=noida.bootstrap_servers, transactional_id=f"up-{names.input}"
+        )
+        await upstream.start()
+        try:
+            await upstream.begin_transaction()
+            await upstream.send_and_wait(names.input, json.dumps(aborted).encode())
+            await upstream.abort_transaction()
+            async with upstream.transaction():
+                await upstream.send_and_wait(names.input, lines[0])
+        finally:
+            await upstream.stop()
+        store = f"sqlite:///{tmp_path / 'faust.db'}"
+        worker = Worker(noida, names, store, f"g-{uuid.uuid4().hex[:6]}", tmp_path / "w.log")
+        try:
+            out, letters = await read_until(noida, names, 1, 0, worker, 120)
+        finally:
+            assert worker.stop() == 0, (tmp_path / "w.log").read_text()[-3000:]
+    assert [value for _, value, _ in out] == expected  # accepted, seq 1: nothing before it
+    assert letters == []
+
+
 async def test_a_stop_while_the_brokers_are_down_ends(tmp_path: Path) -> None:
     # faust's shutdown commits first, and aiokafka retried that commit until the brokers
     # came back; then the consumer thread died of the fetcher's CancelledError
