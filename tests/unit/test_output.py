@@ -181,6 +181,50 @@ def test_a_dead_letter_record_fits_the_message_limit_with_its_key_and_headers() 
     assert unkeyed.key is None and size(unkeyed) <= 4_000
 
 
+@pytest.mark.parametrize("field", ["type", "currency", "occurred_at"])
+def test_a_value_a_detail_quotes_does_not_grow_the_dead_letter_past_the_limit(
+    field: str,
+) -> None:
+    # the detail quoted the refused value whole, in Python's repr (U+0085 is \x85, four
+    # characters): an 800 KB record made a 2 MB dead letter even without its raw bytes,
+    # which the broker refused on every restart (with compression none), so that the
+    # partition stopped there
+    from handlers.decide import Decider
+    from limitflow.settings import KafkaSettings
+    from schemas.rules import parse_rules
+    from stores.memory import MemoryStore
+    from streams.engine import Engine, Record
+    from streams.output import messages
+
+    event = {
+        "event_id": "e1",
+        "account_id": "a",
+        "amount": "1.00",
+        "currency": "CNY",
+        "occurred_at": "2026-01-01T00:00:00Z",
+        field: "\x85" * 400_000,
+    }
+    raw = json.dumps(event, ensure_ascii=False).encode()
+    engine = Engine(
+        Decider(parse_rules("rules:\n  - {id: r, window: day, max_count: 1}\n")), MemoryStore()
+    )
+    (result,) = asyncio.run(
+        engine.process([Record(raw, {"topic": "in", "partition": 0, "offset": 7})])
+    )
+    assert result.detail is not None and result.detail.startswith(f"{field}: ")
+    limit = 1_000_000
+    settings = KafkaSettings("h:1", "in", "out", "dead", max_message_bytes=limit)
+    (letter,) = messages([result], settings, lambda _: b"a")
+    assert len(letter.value) + sum(len(n) + len(v) for n, v in letter.headers) < limit
+    published = json.loads(letter.value)
+    assert published["raw"] == raw.decode()  # the detail cut short, the record kept
+    assert published["detail"].startswith(f"{field}: ") and len(published["detail"]) <= 1_000
+    # and a limit of a few kilobytes still takes the letter, its detail cut shorter
+    small = KafkaSettings("h:1", "in", "out", "dead", max_message_bytes=2_000)
+    (short,) = messages([result], small, lambda _: b"a")
+    assert len(short.value) < 2_000 and json.loads(short.value)["error"] == "invalid_event"
+
+
 def test_an_overlong_event_id_is_not_repeated_in_the_dead_letter() -> None:
     from handlers.decide import Decider
     from schemas.rules import parse_rules
