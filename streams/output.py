@@ -314,7 +314,11 @@ class TransactionalOutput(Output):
         committed it: before publishing again, the committed offset says."""
 
     def transactional_id(self, tp: TopicPartition) -> str:
-        return f"limitflow-{self.group_id}-{tp.topic}-{tp.partition}"
+        """``limitflow:GROUP:TOPIC:PARTITION``. A topic name has no ``:``, so no other
+        (group, topic) pair gives the same id: joined by ``-``, which both may hold,
+        group ``pay-eu`` with topic ``events`` and group ``pay`` with ``eu-events`` had
+        one id, and two unrelated deployments fenced each other batch after batch."""
+        return f"limitflow:{self.group_id}:{tp.topic}:{tp.partition}"
 
     async def _producer(self, tp: TopicPartition) -> AIOKafkaProducer:
         producer = self.producers.get(tp)

@@ -863,7 +863,7 @@ async def test_exactly_once_a_partition_fenced_mid_stream_publishes_no_verdict_t
         sources = await produce(s.bootstrap, s.topics[0], lines)
         proc = s.run("--guarantee", "exactly-once", "--batch-size", "100")
         wait_for(lambda: _rows(s.store) > 0, 120, "progress")
-        fenced = f"limitflow-{s.name}-group-{s.topics[0]}-1"
+        fenced = f"limitflow:{s.name}-group:{s.topics[0]}:1"
         while _rows(s.store) < len(lines) * 3 // 4:  # fenced again and again, mid-stream
             intruder = AIOKafkaProducer(
                 bootstrap_servers=s.bootstrap, transactional_id=fenced, enable_idempotence=True

@@ -383,3 +383,20 @@ async def test_a_take_over_the_brokers_do_not_answer_is_an_outage_not_a_hang() -
     with pytest.raises(BrokerUnavailable) as caught:
         await asyncio.wait_for(transactional.on_assigned(frozenset({TopicPartition("in", 0)})), 5)
     assert is_retriable(caught.value)
+
+
+def test_no_two_groups_and_topics_share_a_transactional_id() -> None:
+    # joined by "-", which group ids and topic names both hold: group pay-eu on topic
+    # events and group pay on topic eu-events were one id, and two unrelated deployments
+    # fenced each other batch after batch
+    from aiokafka import TopicPartition
+
+    from streams.output import TransactionalOutput
+
+    def transactional_id(group: str, topic: str, partition: int = 0) -> str:
+        output = TransactionalOutput(lambda _: _Startable(), _Unanswered(), group)
+        return output.transactional_id(TopicPartition(topic, partition))
+
+    assert transactional_id("pay-eu", "events") != transactional_id("pay", "eu-events")
+    assert transactional_id("pay-eu-x", "y") != transactional_id("pay", "eu-x-y")
+    assert transactional_id("pay-eu", "events", 3) == "limitflow:pay-eu:events:3"
