@@ -190,7 +190,16 @@ def _consumer(settings: RunSettings) -> AIOKafkaConsumer:
         request_timeout_ms=settings.kafka.request_timeout_ms,
         max_partition_fetch_bytes=4 * 1024 * 1024,
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        # partitions added to the input topic are seen at the next metadata refresh,
+        # and only then assigned: with aiokafka's 5 minutes, events keyed to them waited
+        # that long while /readyz said running and lag did not count them
+        metadata_max_age_ms=METADATA_MAX_AGE_MS,
     )
+
+
+METADATA_MAX_AGE_MS: Final = 30_000
+"""How often the consumer refreshes its metadata at the latest (aiokafka's default: 5
+minutes): the time a partition added to the input topic waits to be assigned."""
 
 
 def _producer(kafka: KafkaSettings, transactional_id: str | None = None) -> AIOKafkaProducer:

@@ -1284,3 +1284,44 @@ async def test_brokers_frozen_under_a_batch_show_at_once_and_a_stop_keeps_its_gr
             os.kill(_pid(noida), signal.SIGCONT)
     finally:
         s.kill_all()
+
+
+async def test_partitions_added_to_the_input_topic_are_read_within_a_minute(
+    noida: Any, tmp_path: Path
+) -> None:
+    # they are assigned at the consumer's next metadata refresh: with aiokafka's default
+    # (5 minutes) their events waited that long, /readyz saying running all the while.
+    # On noida: tansu does not implement CreatePartitions.
+    from aiokafka.admin import NewPartitions
+
+    s = Setup(noida.bootstrap_servers, tmp_path, f"grow-{random.randrange(10**6)}", partitions=2)
+    s.create_topics()
+    proc = s.run()
+    try:
+        wait_for(lambda: _assigned(s, 0), 60, "an assignment")
+        admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_partitions({s.topics[0]: NewPartitions(total_count=4)})
+        finally:
+            await admin.close()
+        producer = AIOKafkaProducer(bootstrap_servers=s.bootstrap)
+        await producer.start()
+        try:
+            for partition in range(4):
+                event = {
+                    "event_id": f"e{partition}",
+                    "account_id": f"a{partition}",
+                    "amount": "1.00",
+                    "currency": "CNY",
+                    "occurred_at": "2026-03-14T10:00:00Z",
+                }
+                await producer.send_and_wait(
+                    s.topics[0], json.dumps(event).encode(), partition=partition
+                )
+        finally:
+            await producer.stop()
+        wait_for(lambda: _rows(s.store) == 4, 60, "the events of the new partitions decided")
+        assert s.stop(proc) == 0
+    finally:
+        s.kill_all()
