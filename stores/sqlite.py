@@ -232,6 +232,8 @@ _OPEN_TIMEOUT = 30.0
 LOCK_WAIT = 30.0
 """Seconds a commit waits for another process's write lock, by default (a replay has
 nothing else to do meanwhile)."""
+_LOCK_TRY: Final = 0.2
+"""Seconds of one wait inside SQLite for another process's lock (``_begin_immediate``)."""
 CONSUMER_LOCK_WAIT = 1.0
 """The same for a Kafka consumer, whose event loop waits with the commit: past this the
 commit fails as unavailable, and the consumer's retry (logged, readiness 503,
@@ -263,7 +265,8 @@ class SqliteStore(Store):
         self._db = _open(path)
         # SQLite waits for a lock inside the call, holding the event loop: `limitflow run`
         # keeps this short and retries with its own backoff, which lets the loop go on
-        self._db.execute(f"PRAGMA busy_timeout={int(lock_wait * 1000)}")
+        self.lock_wait = lock_wait
+        self._db.execute(f"PRAGMA busy_timeout={int(min(lock_wait, _LOCK_TRY) * 1000)}")
         self._swept = {"buckets": "", "events": ""}
         """Where each table's sweep is: the last key it looked at."""
         self._has_meta = False
@@ -272,6 +275,8 @@ class SqliteStore(Store):
         """Made from the file's dictionary, once it is known (see ``_verdict_codec``)."""
 
     async def _create(self) -> None:
+        # once, at start: the whole wait in SQLite's calls, as the statements are several
+        self._db.execute(f"PRAGMA busy_timeout={int(self.lock_wait * 1000)}")
         try:
             self._db.executescript(_SCHEMA)
             self._db.execute(_META_SCHEMA)
@@ -286,6 +291,8 @@ class SqliteStore(Store):
                             raise
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
+        finally:
+            self._db.execute(f"PRAGMA busy_timeout={int(min(self.lock_wait, _LOCK_TRY) * 1000)}")
 
     async def _verify(self) -> None:
         try:
@@ -378,7 +385,7 @@ class SqliteStore(Store):
         found = self._dictionary()
         if found is None and first is not None:
             made = make_dictionary(first)  # ~25 ms of training, before the lock
-            db.execute("BEGIN IMMEDIATE")
+            self._begin_immediate()
             try:
                 db.execute(_META_SCHEMA)
                 db.execute(  # another process's, if it got there first
@@ -403,6 +410,20 @@ class SqliteStore(Store):
                 return None
             raise
         return None if row is None else bytes(row[0])
+
+    def _begin_immediate(self) -> None:
+        """Take the write lock, waiting up to ``lock_wait`` for another process's, in
+        waits of ``_LOCK_TRY``: SQLite waits inside the call, where no signal handler
+        runs, so a wait of 30 s in one call left a replay's second Ctrl-C unanswered
+        until it ended. Between the tries, Python's handlers run."""
+        give_up = time.monotonic() + self.lock_wait
+        while True:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= give_up:
+                    raise
 
     async def _write(self, writes: Writes, expected: Expected) -> None:
         db = self._db
@@ -431,7 +452,7 @@ class SqliteStore(Store):
         # the commit fails as a conflict (as before; ``take_writes`` makes none such)
         changes = len(fresh_b) + len(old_b) + len(fresh_a) + len(old_a) + len(writes.events)
         try:
-            db.execute("BEGIN IMMEDIATE")
+            self._begin_immediate()
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
         try:

@@ -867,6 +867,44 @@ def test_a_signal_while_a_replay_waits_on_a_pipe_decides_the_lines_read_before_i
     assert [v["event_id"] for v in verdicts] == [f"e{n}" for n in range(100)]
 
 
+def test_a_second_signal_stops_a_replay_waiting_for_another_process_s_write_lock(
+    tmp_path: Path,
+) -> None:
+    # SQLite waited for the lock inside one call, for up to 30 s, where no signal handler
+    # runs: "a second Ctrl-C stops at once" took until the other process let go
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    source = write(tmp_path / "events.jsonl", [pay(f"e{n}") for n in range(10)])
+    store = tmp_path / "state.db"
+    args = ["replay", "--rules", str(rules), "--input", str(source)]
+    args += ["--store", f"sqlite:///{store}", "--dead-letter", "d.jsonl"]
+    assert limitflow(*args, "--output", "v0.jsonl", cwd=tmp_path).returncode == 0
+    again = write(tmp_path / "more.jsonl", [pay(f"f{n}") for n in range(10)])
+    args[args.index(str(source))] = str(again)
+    with closing(sqlite3.connect(store, isolation_level=None)) as holder:
+        holder.execute("BEGIN IMMEDIATE")  # another process's write lock, held
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "limitflow", *args, "--output", "v1.jsonl"],
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "v1.jsonl").exists():  # made once the store is open
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1.5)  # deciding the batch, then waiting for the lock
+        os.kill(proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGINT)
+        started = time.monotonic()
+        _, err = proc.communicate(timeout=20)
+        waited = time.monotonic() - started
+        holder.execute("ROLLBACK")
+    assert proc.returncode == 130, err.decode()
+    assert "stopping now" in err.decode()
+    assert waited < 5, err.decode()
+    assert (tmp_path / "v1.jsonl").read_bytes() == b""  # nothing decided was stored
+
+
 def test_a_signal_once_a_replay_is_over_does_not_end_the_process_by_its_default() -> None:
     # the default actions came back as the replay ended: a SIGTERM while the store
     # closed or the summary was said ended the process with 143 and no summary
