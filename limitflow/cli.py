@@ -165,6 +165,14 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
                     EXIT_USAGE,
                 )
     rules = _rules(args.rules)
+    rules_file = None if args.rules == "-" else _stat(args.rules, 0)
+    for option, path in (("--output", args.output), ("--dead-letter", args.dead_letter)):
+        target = _stat(path, 1)
+        if rules_file is not None and target is not None and os.path.samestat(rules_file, target):
+            raise CommandFailed(
+                f"{option} {path} is the rules file: verdicts would overwrite the rules",
+                EXIT_USAGE,
+            )
     with contextlib.ExitStack() as files:
         # the input first: an unreadable one fails before a sqlite file is made for it
         source = files.enter_context(_open_binary(args.input, "rb"))
@@ -308,7 +316,10 @@ def _rules_check(args: argparse.Namespace) -> int:
                 f"amount <= {format_minor(rule.max_amount, MINOR_UNITS[rule.currency])} "
                 f"{rule.currency}"
             )
-        where = [f"per {'+'.join(rule.scope)}", f"{rule.window.value} ({rule.timezone})"]
+        if rule.window.value == "transaction":  # no bucket: no period, and no zone
+            where = [f"each payment alone (those with {'+'.join(rule.scope)})"]
+        else:
+            where = [f"per {'+'.join(rule.scope)}", f"{rule.window.value} ({rule.timezone})"]
         if rule.currency and rule.max_amount is None:
             where.append(f"{rule.currency} only")
         for field, allowed in rule.match:

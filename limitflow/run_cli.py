@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -358,6 +359,8 @@ async def _topics_create(args: argparse.Namespace) -> int:
     from streams.topics import TopicError, create_topics
 
     settings: TopicSettings = _settings(lambda: load_topic_settings(_values(args), os.environ))
+    for name in unknown_variables(os.environ):  # as run warns (a misspelt partition count)
+        print(f"limitflow: {name} is not a limitflow setting: ignored (misspelt?)", file=sys.stderr)
     # a one-shot command says what went wrong in its one line: aiokafka's own log lines
     # (each failed connection, at ERROR) would come before it, raw, on stderr
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)

@@ -592,9 +592,10 @@ def _open(path: str) -> sqlite3.Connection:
                 raise _translate(exc) from exc  # no retry mends it (StoreRejected)
             if not busy or time.monotonic() + delay > deadline:
                 # sqlite:///tmp/x.db names tmp/x.db in the working directory, a common slip
+                # (only when its folder is missing: a read-only one is not that slip)
                 hint = (
                     ""
-                    if os.path.isabs(path)
+                    if os.path.isabs(path) or os.path.isdir(os.path.dirname(path) or ".")
                     else f" (a relative path, from {os.getcwd()}; an absolute one takes"
                     f" four slashes: sqlite:////{path})"
                 )
@@ -611,4 +612,6 @@ def _translate(exc: sqlite3.Error) -> Exception:
         return StoreNotInitialized("SQLite tables are missing")
     if type(exc) is sqlite3.DatabaseError:  # "malformed", "not a database": no retry helps
         return StoreRejected(f"SQLite: {text} (the file is damaged or not a database)")
+    if "no such column" in text:  # another program's tables of the same names
+        return StoreRejected(f"SQLite: {text} (the file's tables are not limitflow's)")
     return StoreUnavailable(f"SQLite: {text}")

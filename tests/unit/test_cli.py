@@ -88,11 +88,12 @@ FILE_A_SUMMARY = "11 events: 5 accepted, 2 rejected, 1 duplicate, 3 dead letters
 
 
 def limitflow(
-    *args: str, cwd: Path, stdin: bytes | None = None
+    *args: str, cwd: Path, stdin: bytes | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [sys.executable, "-m", "limitflow", *args],
         cwd=cwd,
+        env=env,
         input=stdin,
         capture_output=True,
         timeout=120,
@@ -571,6 +572,35 @@ def test_an_unusable_store_fails(tmp_path: Path, rules: Path, store: str) -> Non
         assert reason == f"limitflow: store: {store}: expected memory:// (it takes no host or path)"
 
 
+def test_a_relative_store_path_whose_folder_exists_gets_no_four_slash_hint(
+    tmp_path: Path, rules: Path
+) -> None:
+    # the hint was given for any relative path that failed: in a folder that exists but
+    # cannot be written (read-only), it pointed at the wrong slip
+    source = write(tmp_path / "in.jsonl", [pay("p1")])
+    (tmp_path / "state.db").mkdir()  # a folder where the file should be: cannot be opened
+    result = limitflow(*_replay_args(rules, source, "sqlite:///state.db"), cwd=tmp_path)
+    assert result.returncode == 3
+    reason = one_line_reason(result)
+    assert reason.startswith("limitflow: store: cannot open SQLite database state.db")
+    assert "four slashes" not in reason
+
+
+def test_a_sqlite_file_of_another_program_with_the_same_table_names_is_refused(
+    tmp_path: Path, rules: Path
+) -> None:
+    # its own events table: "no such column" read as an outage, which run retries for
+    # ever with /readyz 503, instead of the one line and exit 3 of any other such file
+    with closing(sqlite3.connect(tmp_path / "other.db")) as db:
+        db.execute("CREATE TABLE events (id TEXT PRIMARY KEY, payload TEXT)")
+        db.commit()
+    source = write(tmp_path / "in.jsonl", [pay("p1")])
+    result = limitflow(*_replay_args(rules, source, "sqlite:///other.db"), cwd=tmp_path)
+    assert result.returncode == 3
+    reason = one_line_reason(result)
+    assert "no such column" in reason and "the file's tables are not limitflow's" in reason
+
+
 @pytest.mark.parametrize(
     "query",
     [
@@ -728,7 +758,7 @@ def test_rules_check_summarises_a_valid_file(tmp_path: Path, rules: Path) -> Non
     assert lines[0].startswith("rules.yaml: 2 rules, version ")
     assert lines[1:] == [
         "  acct-day-2: count <= 2, per account_id, day (UTC)",
-        "  single-usd: amount <= 100.00 USD, per account_id, transaction (UTC)",
+        "  single-usd: amount <= 100.00 USD, each payment alone (those with account_id)",
     ]
 
 
@@ -922,6 +952,26 @@ def test_a_signal_once_a_replay_is_over_does_not_end_the_process_by_its_default(
     finally:
         signals.restore()
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_an_output_that_is_the_rules_file_is_refused(tmp_path: Path) -> None:
+    # it was taken, and the rules file, just read, overwritten with verdicts
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    before = rules.read_bytes()
+    for option in ("--output", "--dead-letter"):
+        outputs = {"--output": "v.jsonl", "--dead-letter": "d.jsonl", option: "./rules.yaml"}
+        result = limitflow(
+            *("replay", "--rules", str(rules), "--input", str(source)),
+            *(part for pair in outputs.items() for part in pair),
+            cwd=tmp_path,
+        )
+        assert result.returncode == 2
+        assert one_line_reason(result) == (
+            f"limitflow: {option} ./rules.yaml is the rules file: verdicts would overwrite"
+            " the rules"
+        )
+        assert rules.read_bytes() == before
 
 
 def test_an_output_that_is_the_store_file_is_refused(tmp_path: Path) -> None:
@@ -1360,6 +1410,22 @@ def test_topics_create_with_no_broker_there_says_so_in_one_line(tmp_path: Path) 
     assert one_line_reason(result) == (
         f"limitflow: cannot reach Kafka at 127.0.0.1:{port}: check --bootstrap-servers"
         " (LIMITFLOW_BOOTSTRAP_SERVERS) and that the brokers run"
+    )
+
+
+def test_topics_create_names_a_misspelt_variable_as_run_does(tmp_path: Path) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens there
+    result = limitflow(
+        *("topics", "create", "--bootstrap-servers", f"127.0.0.1:{port}"),
+        *("--input-topic", "in", "--output-topic", "out", "--dead-letter-topic", "dead"),
+        cwd=tmp_path,
+        env={**os.environ, "LIMITFLOW_PARTITION": "12"},
+    )
+    assert result.returncode == 4
+    assert result.stderr.decode().splitlines()[0] == (
+        "limitflow: LIMITFLOW_PARTITION is not a limitflow setting: ignored (misspelt?)"
     )
 
 
