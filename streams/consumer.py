@@ -694,7 +694,8 @@ class _Watch:
         if not self.slow and now - self.started >= _SLOW_AFTER:
             self.slow = True
             log.warning(
-                "%s: no answer after %.0fs; still waiting (store or brokers slow or unreachable)",
+                "%s: no answer after %.0fs; still waiting (store or brokers slow or"
+                " unreachable, or an error retried, such as a topic that no longer exists)",
                 self.stage,
                 now - self.started,
                 extra={"stage": self.stage},
