@@ -138,9 +138,12 @@ def _add_item(snapshot: Snapshot, item: Mapping[str, Mapping[str, Any]]) -> None
     kind, key = pk[:2], pk[2:]
     version = int(item["version"]["N"])
     if kind == BUCKET:
+        count, amount = int(item["count"]["N"]), int(item["amount"]["N"])
+        if count < 0 or amount < 0:  # an item edited by hand: more room than the limit
+            raise ValueError(f"a bucket's count {count} and amount {amount}")
         snapshot.buckets[key] = Bucket(
-            count=int(item["count"]["N"]),
-            amount=int(item["amount"]["N"]),
+            count=count,
+            amount=amount,
             version=version,
             period_end=_opt_int(item, "period_end"),
             expires_at=_opt_int(item, "expires_at"),

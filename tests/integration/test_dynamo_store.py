@@ -231,6 +231,25 @@ async def test_expired_event_record_is_replaced_under_its_version(
         await s.close()
 
 
+@pytest.mark.parametrize("edit", [{"count": "-3"}, {"amount": "-300"}, {"amount": "1.5"}])
+async def test_a_bucket_edited_by_hand_into_what_no_bucket_holds_is_refused(
+    store: DynamoStore, edit: dict[str, str]
+) -> None:
+    # a negative count or amount left more room than the limit
+    await store.commit(Writes(buckets={"b": Bucket(count=1, amount=100, version=1)}))
+    client = await store._dynamodb()
+    names = {f"#{name}": name for name in edit}
+    await client.update_item(
+        TableName=store.table,
+        Key={"pk": {"S": "b#b"}},
+        UpdateExpression="SET " + ", ".join(f"#{name} = :{name}" for name in edit),
+        ExpressionAttributeNames=names,
+        ExpressionAttributeValues={f":{name}": {"N": value} for name, value in edit.items()},
+    )
+    with pytest.raises(StoreRejected):
+        await store.load(Keys(buckets={"b"}))
+
+
 async def test_driver_errors_are_translated(endpoint_url: str, store: DynamoStore) -> None:
     too_long = "k" * 3000  # a partition key is at most 2048 bytes
     with pytest.raises(StoreRejected) as rejected:
