@@ -196,7 +196,10 @@ class _RulesLoader(yaml.SafeLoader):
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int | _Unclear:  # type: ignore[override]
         if not _YAML_DECIMAL_INT.fullmatch(node.value):
-            reading = str(super().construct_yaml_int(node))
+            try:
+                reading = str(super().construct_yaml_int(node))
+            except ValueError:  # 0780: no YAML 1.1 octal, the number 780 to YAML 1.2
+                reading = str(int(node.value, 10))
             return _Unclear(node, reading, f'write "{node.value}" for the text, or {reading}')
         return int(node.value)
 
@@ -289,14 +292,19 @@ _YAML_DECIMAL_FLOAT: Final = re.compile(
 # YAML 1.2 (and JSON) read ``6.011e3`` and ``1e3`` as numbers; YAML 1.1 needs a dot and a
 # signed exponent, and PyYAML took them for text: ``match: {mcc: [6.011e3]}`` never matched
 # the number 6011, and a rule meant to stop cash withdrawals let every one through. They are
-# numbers here too. A YAML 1.2 octal (``0o17``) is an int, refused as unclear.
+# numbers here too (the exponent is what makes them so: ``0780`` is below).
 _RulesLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?\Z", re.ASCII),
+    re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+\Z", re.ASCII),
     list("-+.0123456789"),
 )
+# A leading zero with an 8 or 9 (``0780``, an MCC; ``08``) is text to YAML 1.1 and the
+# number 780 to YAML 1.2 and JSON readers; a YAML 1.2 octal (``0o17``) is text to YAML 1.1
+# and 15 to 1.2. Ints here, refused as unclear (``0742``, a YAML 1.1 octal, already is).
 _RulesLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"[-+]?0o[0-7]+\Z", re.ASCII), list("-+0")
+    "tag:yaml.org,2002:int",
+    re.compile(r"[-+]?(?:0[0-9]+|0o[0-7]+)\Z", re.ASCII),
+    list("-+0"),
 )
 for _tag, _method in (
     ("bool", _RulesLoader.construct_yaml_bool),
