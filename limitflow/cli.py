@@ -10,7 +10,7 @@ import signal
 import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 from limitflow.errors import ConfigError, LimitflowError, StoreError, StoreNotInitialized
 from schemas.rules import RulesError, RuleSet, load_rules
@@ -140,11 +140,9 @@ def _refuse_store_outputs(args: argparse.Namespace) -> None:
 
 
 async def _replay(args: argparse.Namespace) -> int:
-    signals = _Signals()
-    try:
-        return await _replay_with(args, signals)
-    finally:
-        signals.restore()
+    # its handlers stay until ``main`` has the exit code (see ``_Signals.active``)
+    signals = _Signals.active = _Signals()
+    return await _replay_with(args, signals)
 
 
 async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
@@ -248,6 +246,11 @@ class _Signals:
 
     Python-level handlers, not the event loop's: the reads and writes block the loop's
     thread, where only such a handler can interrupt them."""
+
+    active: ClassVar[_Signals | None] = None
+    """The replay's, once made: its handlers outlive the replay, through the event loop's
+    end, until ``main`` has the exit code (``_end_signals``). Put back any earlier, and a
+    SIGTERM while the loop closed ended a finished replay with 143."""
 
     def __init__(self) -> None:
         from streams.replay import Interruption
@@ -420,8 +423,9 @@ EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParse
 """Registrars of subcommands that live with their runtime (``run``, ``topics``)."""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``limitflow`` console script."""
+def main(argv: Sequence[str] | None = None, *, console: bool = False) -> int:
+    """Entry point of the ``limitflow`` console script (``console``: the process ends
+    when this returns, see ``_end_signals``)."""
     args = build_parser().parse_args(argv)
     try:
         outcome = args.handler(args)
@@ -436,8 +440,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         # say, and not again as Python flushes stdout on exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # as a shell reports a process that SIGPIPE ended
+    finally:
+        _end_signals(console)
     return code
 
 
+def _end_signals(console: bool) -> None:
+    """The exit code is decided: a replay's stop signals are now ignored until the process
+    ends (``console``), or the handlers there were before are back (a caller goes on)."""
+    signals, _Signals.active = _Signals.active, None
+    if signals is None:
+        return
+    if console:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+    else:
+        signals.restore()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(console=True))
