@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from limitflow.settings import (
     COMPRESSIONS,
     DEFAULT_STORE,
+    METADATA_MAX_AGE_MS,
     Guarantee,
     KafkaSettings,
     RunSettings,
@@ -196,11 +197,6 @@ def _consumer(settings: RunSettings) -> AIOKafkaConsumer:
         # that long while /readyz said running and lag did not count them
         metadata_max_age_ms=METADATA_MAX_AGE_MS,
     )
-
-
-METADATA_MAX_AGE_MS: Final = 30_000
-"""How often the consumer refreshes its metadata at the latest (aiokafka's default: 5
-minutes): the time a partition added to the input topic waits to be assigned."""
 
 
 def _producer(kafka: KafkaSettings, transactional_id: str | None = None) -> AIOKafkaProducer:

@@ -249,6 +249,12 @@ TEST_VARIABLES: Final = (
 """``LIMITFLOW_*`` variables read by the test servers (``tests/servers.py``), not settings."""
 
 
+METADATA_MAX_AGE_MS: Final = 30_000
+"""How often a consumer (``run``'s, the faust app's) refreshes its metadata at the latest
+(aiokafka's and faust's default: 5 minutes): the time a partition added to the input
+topic waits to be assigned."""
+
+
 def unknown_variables(env: Mapping[str, str]) -> list[str]:
     """``LIMITFLOW_*`` variables that no limitflow setting is read from: a misspelt one
     (``LIMITFLOW_GUARANTE=exactly-once``) was ignored without a word."""

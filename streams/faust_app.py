@@ -45,6 +45,7 @@ from handlers.decide import Decider
 from limitflow.errors import ConfigError, LimitflowError
 from limitflow.settings import (
     DEFAULT_STORE,
+    METADATA_MAX_AGE_MS,
     check_bootstrap,
     check_compression,
     check_group,
@@ -380,6 +381,8 @@ def build_app(settings: FaustSettings) -> faust.App:
         topic_disable_leader=True,
         topic_partitions=settings.partitions,
         consumer_auto_offset_reset="earliest",
+        # as `limitflow run`'s: partitions added to the input topic waited 5 minutes
+        consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
         broker_session_timeout=session,
         broker_heartbeat_interval=max(session / 10, 0.1),
         broker_commit_interval=1.0,

@@ -223,13 +223,19 @@ async def main():
     app = build_app(FaustSettings.from_env(os.environ))
     consumer = app.consumer._thread._create_worker_consumer(app.transport)
     print(app.limitflow.fetch_max_wait_ms, consumer._fetch_max_wait_ms)
+    # and, as `limitflow run`'s: read committed events only (faust's own read_uncommitted
+    # decided events of aborted upstream transactions), metadata refreshed every 30 s
+    print(consumer._isolation_level, consumer._client._metadata_max_age_ms)
     await consumer.stop()
 
 asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize(("setting", "expected"), [("70", "70 70"), (None, "50 50")])
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [("70", "70 70 read_committed 30000"), (None, "50 50 read_committed 30000")],
+)
 def test_the_faust_consumer_waits_for_fetches_as_long_as_the_setting_says(
     setting: str | None, expected: str
 ) -> None:
