@@ -136,3 +136,19 @@ def buckets_into(rows, dict out):
         ):
             raise ValueError(f"bucket {row[0]!r}: {row[1:]!r} is not a bucket's row")
         out[row[0]] = Bucket(count, amount, version, period_end, expires_at, born or 0)
+
+
+def event_row_ok(tuple row):
+    """``stores.sqlite.event_row_ok``, compiled."""
+    accepted = row[4]
+    expires_at = row[13]
+    return (
+        type(row[5]) is int
+        and type(row[7]) is int
+        and type(row[9]) is int
+        and type(row[11]) is int
+        and type(row[12]) is int
+        and type(accepted) is int
+        and (accepted == 0 or accepted == 1)
+        and (expires_at is None or type(expires_at) is int)
+    )

@@ -60,7 +60,7 @@ def unpack_verdict(stored: bytes | memoryview, codec: VerdictCodec | None = None
         verdict = codec.decompress(data[1:])
     else:
         verdict = _decompress(data) if data[:4] == _ZSTD_MAGIC else data
-    if verdict[:1] != b"{" or verdict[-1:] != b"}":
+    if not verdict or verdict[0] != 0x7B or verdict[-1] != 0x7D:  # {…}, no copies made
         # published again to every resend as it is: a damaged or hand-written one is not
         raise ValueError("a stored verdict that is not a JSON object")
     return verdict

@@ -126,6 +126,7 @@ def test_a_bucket_row_that_is_not_a_buckets_is_refused_both_ways(row: tuple[obje
 def test_the_store_uses_the_compiled_loops() -> None:
     assert private(sqlite, "_rows") is _fastsqlite.rows
     assert private(sqlite, "_buckets_into") is _fastsqlite.buckets_into
+    assert private(sqlite, "_event_row_ok") is _fastsqlite.event_row_ok
     fields = _fastsqlite.slot_fields()
     assert len(fields) == 22
     assert all(fields.values()), fields
@@ -136,3 +137,31 @@ def test_the_built_extension_is_not_older_than_its_source() -> None:
     """An edit to ``_fastsqlite.pyx`` (or to the ``_slots`` code it takes in) takes effect
     only once built again."""
     assert_built_after(_fastsqlite, "stores/_fastsqlite.pyx", *SLOTS)
+
+
+def test_an_events_row_is_checked_the_same_both_ways() -> None:
+    # id, fingerprint, account, type, accepted, seq, verdict, amount, currency, reversed,
+    # buckets, occurred, version, expires_at, born
+    good = ("e", "f", "a", "payment", 1, 3, b"{}", 100, "CNY", 0, "[]", 17, 2, None, None)
+    checks = [sqlite.event_row_ok]
+    if _fastsqlite is not None:
+        checks.append(_fastsqlite.event_row_ok)
+    for check in checks:
+        assert check(good)
+        assert check((*good[:13], 1_800_000_000, None))
+        assert check((*good[:4], 0, *good[5:]))
+        for index, bad in [
+            (4, 2),
+            (4, "yes"),
+            (4, 1.0),
+            (5, "x"),
+            (5, 2.5),
+            (7, 2.5),
+            (9, None),
+            (11, "t"),
+            (12, 1.0),
+            (13, "x"),
+            (13, 1.5),
+        ]:
+            row = (*good[:index], bad, *good[index + 1 :])
+            assert not check(row), (check, index, bad)
