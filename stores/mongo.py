@@ -161,7 +161,7 @@ class MongoStore(Store):
                 snapshot.buckets[doc["_id"]] = _bucket(doc)
             for doc in await self._find(ACCOUNTS, keys.accounts):
                 snapshot.accounts[doc["_id"]] = Account(
-                    seq=int(doc["seq"]), version=int(doc["version"])
+                    seq=_counted(doc["seq"], "seq"), version=_counted(doc["version"], "version")
                 )
             for doc in await self._find(EVENTS, keys.events):
                 snapshot.events[doc["_id"]] = _event(doc)
@@ -416,13 +416,20 @@ def _bucket(doc: Mapping[str, Any]) -> Bucket:
 
 
 def _counted(value: object, name: str, least: int = 0) -> int:
-    """A bucket's number as stored: ``int()`` took a double of 1.5 (a document edited by
+    """A record's number as stored: ``int()`` took a double of 1.5 (a document edited by
     hand) for 1, and a negative count would let more payments through. (A period may
-    end before 1970: ``least``.)"""
+    end, an event happen, before 1970: ``least``.)"""
     # (an int64 reads as bson's Int64, an int)
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ValueError(f"a bucket's {name} of {value!r}")
+        raise ValueError(f"a stored {name} of {value!r}")
     return int(value)
+
+
+def _flag(value: object) -> bool:
+    """A stored bool (``bool()`` took "no" for True)."""
+    if type(value) is not bool:
+        raise ValueError(f"a stored flag of {value!r}")
+    return value
 
 
 def _account_doc(account: Account) -> Document:
@@ -455,15 +462,15 @@ def _event(doc: Mapping[str, Any]) -> EventRecord:
         fingerprint=doc["fingerprint"],
         account_id=doc["account_id"],
         type=EventType(doc["type"]),
-        accepted=bool(doc["accepted"]),
-        seq=int(doc["seq"]),
+        accepted=_flag(doc["accepted"]),
+        seq=_counted(doc["seq"], "seq"),
         verdict=unpack_verdict(doc["verdict"]),
-        amount=int(doc["amount"]),
+        amount=_counted(doc["amount"], "amount"),
         currency=doc.get("currency"),
-        reversed=int(doc["reversed"]),
+        reversed=_counted(doc["reversed"], "reversed"),
         buckets=tuple(doc["buckets"]),
-        occurred=int(doc["occurred"]),
-        version=int(doc["version"]),
+        occurred=_counted(doc["occurred"], "occurred", -(2**63)),
+        version=_counted(doc["version"], "version"),
         expires_at=None if expires_at is None else _epoch(expires_at),
         born=tuple(int(b) for b in doc.get("born", ())),
     )

@@ -275,20 +275,40 @@ async def test_a_bucket_whose_expiry_has_milliseconds_can_still_be_written(
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "edit", [{"count": 1.5}, {"amount": -300}, {"count": "abc"}, {"version": 2.0}]
+    ("collection", "edit"),
+    [
+        ("buckets", {"count": 1.5}),
+        ("buckets", {"amount": -300}),
+        ("buckets", {"count": "abc"}),
+        ("buckets", {"version": 2.0}),
+        ("events", {"seq": 1.5}),
+        ("events", {"amount": -5}),
+        ("events", {"accepted": "no"}),
+        ("accounts", {"seq": 2.5}),
+    ],
 )
-async def test_a_bucket_edited_by_hand_into_what_no_bucket_holds_is_refused(
-    store: MongoStore, store_url: str, edit: dict[str, Any]
+async def test_a_record_edited_by_hand_into_what_limitflow_never_writes_is_refused(
+    store: MongoStore, store_url: str, collection: str, edit: dict[str, Any]
 ) -> None:
-    # int() read a double of 1.5 as 1, and a negative amount left more room than the limit
-    await store.commit(Writes(buckets={"b": Bucket(count=1, amount=100, version=1)}))
+    # int() read a double of 1.5 as 1, bool() read "no" as True, and a negative amount
+    # left more room than the limit
+    await store.commit(
+        Writes(
+            buckets={"b": Bucket(count=1, amount=100, version=1)},
+            accounts={"acct-1": Account(seq=1, version=1)},
+            events={"e": record("e")},
+        )
+    )
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(store_url)
     try:
-        await client.get_default_database().buckets.update_one({"_id": "b"}, {"$set": edit})
+        ids = {"buckets": "b", "events": "e", "accounts": "acct-1"}
+        await client.get_default_database()[collection].update_one(
+            {"_id": ids[collection]}, {"$set": edit}
+        )
     finally:
         await client.close()
-    with pytest.raises(StoreRejected, match="bucket"):
-        await store.load(Keys(buckets={"b"}))
+    with pytest.raises(StoreRejected, match="a stored"):
+        await store.load(Keys(buckets={"b"}, accounts={"acct-1"}, events={"e"}))
 
 
 @pytest.mark.integration
