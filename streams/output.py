@@ -163,6 +163,13 @@ def translate(exc: BaseException) -> BaseException:
         isinstance(exc, kafka_errors.KafkaError) and exc.retriable
     ):
         return BrokerUnavailable(f"Kafka unavailable: {exc!r}")
+    if isinstance(exc, kafka_errors.MessageSizeTooLargeError):
+        # refused again on every retry: the batch is never committed
+        return BrokerRejected(
+            f"Kafka refused a record as too large ({exc!r}): --max-message-bytes"
+            " (LIMITFLOW_MAX_MESSAGE_BYTES) must not exceed the brokers' message.max.bytes"
+            " or the output topics' max.message.bytes"
+        )
     if isinstance(exc, kafka_errors.KafkaError):
         return BrokerRejected(f"Kafka refused: {exc!r}")
     return exc

@@ -400,3 +400,14 @@ def test_no_two_groups_and_topics_share_a_transactional_id() -> None:
     assert transactional_id("pay-eu", "events") != transactional_id("pay", "eu-events")
     assert transactional_id("pay-eu-x", "y") != transactional_id("pay", "eu-x-y")
     assert transactional_id("pay-eu", "events", 3) == "limitflow:pay-eu:events:3"
+
+
+def test_a_record_refused_as_too_large_names_the_setting_to_change() -> None:
+    # "Kafka refused: MessageSizeTooLargeError()" on every restart, and nothing more
+    from limitflow.errors import BrokerRejected
+    from streams.output import translate
+
+    refused = translate(kafka_errors.MessageSizeTooLargeError())
+    assert isinstance(refused, BrokerRejected)
+    assert "--max-message-bytes (LIMITFLOW_MAX_MESSAGE_BYTES)" in str(refused)
+    assert "message.max.bytes" in str(refused)
