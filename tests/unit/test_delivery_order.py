@@ -1,0 +1,403 @@
+"""Ordering guarantees of the delivery machinery that the existing suite leaves unchecked.
+
+Fakes stand in for aiokafka's producer and consumer; each test drives the real
+``AtLeastOnceOutput`` / ``TransactionalOutput`` / ``VelocityConsumer`` code and checks
+the order of the calls it makes (a broker test only catches these by luck: a crash must
+land between two awaits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition  # type: ignore[import-untyped]
+from aiokafka import errors as kafka_errors
+from aiokafka.producer.message_accumulator import BatchBuilder  # type: ignore[import-untyped]
+
+from handlers.decide import Decider
+from limitflow.errors import BrokerUnavailable, PartitionLost, StoreUnavailable
+from limitflow.settings import load_run_settings
+from schemas.rules import load_rules
+from stores.memory import MemoryStore
+from streams import output as output_module
+from streams.consumer import VelocityConsumer
+from streams.engine import Engine
+from streams.ops import Health, Metrics
+from streams.output import AtLeastOnceOutput, Message, Output, TransactionalOutput
+
+RULES = str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml")
+TP0, TP1 = TopicPartition("in", 0), TopicPartition("in", 1)
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+# -- at-least-once: the offset commit waits for every ack ---------------------------------
+
+
+class _Producer:
+    """``partitions_for``/``create_batch``/``send_batch``; acks given by the test."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.acks: list[asyncio.Future[None]] = []
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0, 1}
+
+    def create_batch(self) -> Any:
+        return BatchBuilder(1 << 20, 0, is_transactional=False)
+
+    async def send_batch(self, builder: Any, topic: str, *, partition: int) -> Any:
+        self.log.append(f"send {topic}")
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.acks.append(ack)
+        return ack
+
+
+class _GroupConsumer:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.commits: list[dict[TopicPartition, int]] = []
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.log.append("commit")
+        self.commits.append(dict(offsets))
+
+
+def _batch() -> dict[TopicPartition, list[Message]]:
+    return {
+        TP0: [Message("verdicts", b"a", b"v0", [], 10)],
+        TP1: [Message("dead", None, b"d1", [], 20)],  # a dead letter
+    }
+
+
+async def test_at_least_once_commits_offsets_only_once_every_publish_is_acknowledged() -> None:
+    log: list[str] = []
+    producer, consumer = _Producer(log), _GroupConsumer(log)
+    out = AtLeastOnceOutput(producer, consumer, timeout=5)
+    done: set[TopicPartition] = set()
+    task = asyncio.create_task(out.deliver(_batch(), {TP0: 11, TP1: 21}, done))
+    await settle()
+    assert producer.acks, "nothing was published"
+    assert consumer.commits == [], "offsets committed before the verdicts were acknowledged"
+    for ack in producer.acks[:-1]:
+        ack.set_result(None)
+    await settle()
+    assert consumer.commits == [], "offsets committed before the dead letter was acknowledged"
+    producer.acks[-1].set_result(None)
+    await asyncio.wait_for(task, 5)
+    assert consumer.commits == [{TP0: 11, TP1: 21}]
+    assert done == {TP0, TP1}
+
+
+async def test_at_least_once_a_failed_publish_commits_nothing_and_marks_nothing_done() -> None:
+    log: list[str] = []
+    producer, consumer = _Producer(log), _GroupConsumer(log)
+    out = AtLeastOnceOutput(producer, consumer, timeout=5)
+    done: set[TopicPartition] = set()
+    task = asyncio.create_task(out.deliver(_batch(), {TP0: 11, TP1: 21}, done))
+    await settle()
+    for ack in producer.acks:
+        ack.set_exception(kafka_errors.KafkaTimeoutError())
+    with pytest.raises(BrokerUnavailable):
+        await asyncio.wait_for(task, 5)
+    assert consumer.commits == []
+    assert done == set(), "a retry would skip partitions whose verdicts never went out"
+
+
+# -- exactly-once -------------------------------------------------------------------------
+
+
+async def test_exactly_once_a_lost_partition_outranks_a_retriable_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Retrying a partition this member no longer owns starts a fresh producer with its
+    # transactional id, which fences the new owner's: the batch must be abandoned.
+    async def transact(self: Any, tp: TopicPartition, batch: Any, offset: int) -> None:
+        await asyncio.sleep(0)
+        if tp == TP0:
+            raise BrokerUnavailable("Kafka unavailable: timeout")
+        raise PartitionLost("partition ownership lost: ProducerFenced")
+
+    monkeypatch.setattr(TransactionalOutput, "_transact", transact)
+    out = TransactionalOutput(lambda _: None, None, "g")
+    done: set[TopicPartition] = set()
+    with pytest.raises(PartitionLost):
+        await out.deliver({TP0: [], TP1: []}, {TP0: 1, TP1: 1}, done)
+    assert done == set()
+
+
+class _TxnProducer:
+    def __init__(self) -> None:
+        self.started = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        return None
+
+
+class _Committed:
+    def __init__(self, committed: dict[TopicPartition, int | None]) -> None:
+        self.committed_offsets = committed
+        self.seeks: dict[TopicPartition, int] = {}
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return self.committed_offsets[tp]
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks[tp] = offset
+
+
+async def test_exactly_once_take_over_reads_from_the_offsets_committed_after_fencing() -> None:
+    # aiokafka may have set the positions from offsets read before the previous owner's
+    # committing transaction completed: once fenced, the final committed offset is where
+    # reading starts, or that transaction's records are published a second time.
+    producers: dict[str, _TxnProducer] = {}
+
+    def make(transactional_id: str) -> Any:
+        producers[transactional_id] = _TxnProducer()
+        return producers[transactional_id]
+
+    consumer = _Committed({TP0: 42, TP1: None})
+    out = TransactionalOutput(make, consumer, "g", timeout=5)
+    await out.on_assigned(frozenset({TP0, TP1}))
+    assert all(p.started for p in producers.values()) and len(producers) == 2
+    assert consumer.seeks == {TP0: 42}
+
+
+async def test_exactly_once_offsets_go_inside_the_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+
+    class Producer:
+        async def begin_transaction(self) -> None:
+            calls.append("begin")
+
+        async def send_offsets_to_transaction(self, offsets: Any, group_id: str) -> None:
+            calls.append(f"offsets {dict(offsets)} {group_id}")
+
+        async def commit_transaction(self) -> None:
+            calls.append("commit")
+
+    class Consumer:
+        async def commit(self, offsets: Any) -> None:
+            calls.append("consumer commit")
+
+    async def sent(producer: Any, batch: Any) -> None:
+        calls.append("send")
+
+    monkeypatch.setattr(output_module, "send_all", sent)
+    out = TransactionalOutput(lambda _: None, Consumer(), "g")
+    out.producers[TP0] = Producer()
+    done: set[TopicPartition] = set()
+    await out.deliver({TP0: [Message("v", b"a", b"x", [], 4)]}, {TP0: 5}, done)
+    assert calls == ["begin", "send", f"offsets { ({TP0: 5}) } g", "commit"]
+    assert done == {TP0}
+
+
+# -- the consumer loop ----------------------------------------------------------------------
+
+
+class _Rec:
+    def __init__(self, tp: TopicPartition, offset: int) -> None:
+        self.topic, self.partition, self.offset = tp.topic, tp.partition, offset
+        self.key = b"a"
+        self.value = (
+            b'{"event_id": "e-%d-%d", "account_id": "a", "amount": "1.00", "currency": "CNY",'
+            b' "occurred_at": "2026-03-01T00:00:00Z"}' % (tp.partition, offset)
+        )
+
+
+class _StrayConsumer:
+    """aiokafka's consumer as the retry wait sees it: ``getmany`` hands out records of
+    a paused partition once (prefetched before the pause)."""
+
+    def __init__(self) -> None:
+        self.assigned = {TP0}
+        self.paused: set[TopicPartition] = set()
+        self.seeks: list[tuple[TopicPartition, int]] = []
+        self.stray = {TP0: [_Rec(TP0, 3), _Rec(TP0, 4)]}
+
+    def assignment(self) -> set[TopicPartition]:
+        return self.assigned
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused.update(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self.paused.difference_update(tps)
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> Any:
+        stray, self.stray = self.stray, {}
+        return stray
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks.append((tp, offset))
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return None
+
+    async def end_offsets(self, tps: Any) -> dict[TopicPartition, int]:
+        return {tp: 5 for tp in tps}
+
+
+class _FlakyStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = 1
+
+    async def load(self, keys: Any) -> Any:
+        if self.fail:
+            self.fail -= 1
+            raise StoreUnavailable("test outage")
+        return await super().load(keys)
+
+
+class _Delivered(Output):
+    def __init__(self) -> None:
+        self.offsets: list[dict[TopicPartition, int]] = []
+
+    async def deliver(self, batch: Any, offsets: Any, done: set[TopicPartition]) -> None:
+        self.offsets.append(dict(offsets))
+        done.update(batch)
+
+
+def _runner(consumer: Any, store: Any, out: Output) -> VelocityConsumer:
+    settings = load_run_settings(
+        {
+            "bootstrap_servers": "127.0.0.1:9",
+            "input_topic": "in",
+            "output_topic": "out",
+            "dead_letter_topic": "dead",
+            "group_id": "g",
+            "rules": RULES,
+            "store": "memory://",
+            "retry_initial_ms": 50,
+            "retry_max_ms": 100,
+        },
+        {},
+    )
+    metrics = Metrics()
+    return VelocityConsumer(
+        settings, Engine(Decider(load_rules(RULES)), store), consumer, out, Health(metrics), metrics
+    )
+
+
+async def test_records_fetched_while_a_batch_waits_on_an_outage_are_put_back() -> None:
+    # The retry wait polls (to keep the group membership); records it is handed for a
+    # paused partition are not in any batch: dropped, they would be skipped, and the next
+    # batch's commit would cover them with no verdict ever published.
+    consumer = _StrayConsumer()
+    out = _Delivered()
+    runner = _runner(consumer, _FlakyStore(), out)
+    runner._owned = {TP0}
+    async with runner._batch_lock:
+        await asyncio.wait_for(
+            runner._handle({TP0: [_Rec(TP0, 0), _Rec(TP0, 1), _Rec(TP0, 2)]}), 10
+        )
+    assert consumer.stray == {}, "the retry wait never polled: nothing was tested"
+    assert (TP0, 3) in consumer.seeks, "stray records of a paused partition were dropped"
+    assert out.offsets == [{TP0: 3}]
+    assert consumer.paused == set()  # resumed after the outage
+
+
+# -- a revocation waits for the batch in hand ----------------------------------------------
+
+
+class _Blocking(Output):
+    """Delivers once ``release`` is set; records when the revocation reached it."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.log: list[str] = []
+
+    async def deliver(self, batch: Any, offsets: Any, done: set[TopicPartition]) -> None:
+        self.log.append("deliver started")
+        await self.release.wait()
+        self.log.append("delivered")
+        done.update(batch)
+
+    async def on_revoked(self, partitions: frozenset[TopicPartition]) -> None:
+        self.log.append("revoked")
+
+
+async def test_a_revocation_waits_for_the_batch_in_hand_to_be_committed() -> None:
+    # on_revoked hands the partitions on (under exactly-once it stops their producers);
+    # before the batch in hand is committed, the next owner would read from the old
+    # committed offset while this member still publishes, or its transaction be cut.
+    consumer = _StrayConsumer()
+    consumer.stray = {}
+    out = _Blocking()
+    runner = _runner(consumer, MemoryStore(), out)
+    runner._owned = {TP0}
+
+    async def one_batch() -> None:
+        async with runner._batch_lock:  # as run() holds it around _handle
+            await runner._handle({TP0: [_Rec(TP0, 0)]})
+
+    batch = asyncio.create_task(one_batch())
+    while "deliver started" not in out.log:
+        await asyncio.sleep(0.01)
+    revoking = asyncio.create_task(runner.partitions_revoked(frozenset({TP0})))
+    await asyncio.sleep(0.1)
+    assert not revoking.done() and "revoked" not in out.log, "revoked under a batch in flight"
+    out.release.set()
+    await asyncio.wait_for(asyncio.gather(batch, revoking), 5)
+    assert out.log == ["deliver started", "delivered", "revoked"]
+    assert runner._owned == set()
+
+
+# -- the engine: a conflict after a committed unit -----------------------------------------
+
+
+class _SplitStore(MemoryStore):
+    """A store that commits at most a few records at once (as DynamoDB, MongoDB do), and
+    whose second commit loses a race to another writer once."""
+
+    max_records_per_commit = 8
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commits = 0
+
+    async def commit(self, writes: Any) -> None:
+        from limitflow.errors import ConflictError
+
+        self.commits += 1
+        if self.commits == 2:
+            raise ConflictError("test: another writer won")
+        await super().commit(writes)
+
+
+async def test_a_conflict_redecides_only_the_units_not_yet_committed() -> None:
+    # what the first unit committed stays committed; deciding it again would report
+    # first deliveries as duplicates (and count duplicate verdicts in the metrics)
+    from handlers.decide import OutcomeKind
+    from streams.engine import Record
+
+    store = _SplitStore()
+    engine = Engine(Decider(load_rules(RULES)), store)
+    records = [
+        Record(
+            _Rec(TopicPartition("in", 0), n).value.replace(b'"a"', b'"acct-%d"' % (n % 3)),
+            {"topic": "in", "partition": 0, "offset": n},
+        )
+        for n in range(12)
+    ]
+    results = await engine.process(records)
+    assert store.commits >= 3, "no conflict after a committed unit: nothing was tested"
+    assert engine.stats.conflicts == 1
+    assert [r.kind for r in results].count(OutcomeKind.DUPLICATE) == 0, [r.kind for r in results]
+    # delivered again: every one a duplicate now, with the identical verdict
+    again = await engine.process(records)
+    assert all(r.kind is OutcomeKind.DUPLICATE for r in again)
+    assert [r.verdict for r in again] == [r.verdict for r in results]
