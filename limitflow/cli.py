@@ -256,6 +256,8 @@ class _Signals:
         from streams.replay import Interruption
 
         self.stop = Interruption()
+        self.over = False
+        """Set once the replay is over: a first signal then is only noted."""
         self._before: dict[int, Any] = {}
 
     def __enter__(self) -> _Signals:
@@ -271,24 +273,18 @@ class _Signals:
             _say(f"limitflow: {name}: stopping now")
             raise KeyboardInterrupt
         self.stop.requested = True
+        if self.over:
+            _say(f"limitflow: {name}: the replay is over; finishing (again to stop at once)")
+            return
         _say(f"limitflow: {name}: finishing the batch in hand (again to stop at once)")
         if self.stop.reading:
             raise Interrupted
 
     def __exit__(self, *exc: object) -> None:
-        # not the default actions yet: a SIGTERM while the store closes and the summary
-        # is said ended the process with 143 and no summary
-        for sig in self._before:
-            signal.signal(sig, self._late)
-
-    def _late(self, signum: int, _frame: object) -> None:
-        """A signal once the replay is over: the first is noted, a second stops at once."""
-        name = signal.Signals(signum).name
-        if self.stop.requested:
-            _say(f"limitflow: {name}: stopping now")
-            raise KeyboardInterrupt
-        self.stop.requested = True
-        _say(f"limitflow: {name}: the replay is over; finishing (again to stop at once)")
+        # the handlers stay (``restore`` or ``main`` ends them): with the default actions
+        # back, a SIGTERM while the store closed and the summary was said ended the
+        # process with 143 and no summary
+        self.over = True
 
     def restore(self) -> None:
         """Put back the handlers there were before (once the command is done)."""
