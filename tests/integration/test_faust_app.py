@@ -51,8 +51,8 @@ class Topics:
         self.dead = f"dead-{tag}"
 
 
-@pytest.fixture
-async def topics(kafka: KafkaBroker) -> AsyncIterator[Topics]:
+async def made_topics(kafka: KafkaBroker) -> Topics:
+    """A test's own three topics, the input of one partition."""
     names = Topics()
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
     await admin.start()
@@ -66,7 +66,12 @@ async def topics(kafka: KafkaBroker) -> AsyncIterator[Topics]:
         )
     finally:
         await admin.close()
-    yield names
+    return names
+
+
+@pytest.fixture
+async def topics(kafka: KafkaBroker) -> AsyncIterator[Topics]:
+    yield await made_topics(kafka)
 
 
 def input_lines() -> list[bytes]:
@@ -357,19 +362,7 @@ async def test_events_of_an_aborted_upstream_transaction_are_not_decided(
     lines = [json.dumps(committed).encode()]
     expected, _ = replay(lines, tmp_path)
     with kafka_broker("noida") as noida:
-        names = Topics()
-        admin = AIOKafkaAdminClient(bootstrap_servers=noida.bootstrap_servers)
-        await admin.start()
-        try:
-            await admin.create_topics(
-                [
-                    NewTopic(names.input, 1, 1),
-                    NewTopic(names.output, 1, 1),
-                    NewTopic(names.dead, 1, 1),
-                ]
-            )
-        finally:
-            await admin.close()
+        names = await made_topics(noida)
         upstream = AIOKafkaProducer(
             bootstrap_servers=noida.bootstrap_servers, transactional_id=f"up-{names.input}"
         )
