@@ -1429,8 +1429,10 @@ def _run_sigterm_as_sqlite_opens(tmp_path: Path, rules: Path, then: str) -> tupl
     return _stopped(proc, err)
 
 
-def test_topics_create_with_no_broker_there_says_so_in_one_line(tmp_path: Path) -> None:
-    # aiokafka's raw log line came first, then an object dump with no next step
+def _topics_create_with_no_broker(
+    tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[bytes], int]:
+    """``limitflow topics create`` at a port nothing listens on, and that port."""
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]  # nothing listens there
@@ -1438,7 +1440,14 @@ def test_topics_create_with_no_broker_there_says_so_in_one_line(tmp_path: Path) 
         *("topics", "create", "--bootstrap-servers", f"127.0.0.1:{port}"),
         *("--input-topic", "in", "--output-topic", "out", "--dead-letter-topic", "dead"),
         cwd=tmp_path,
+        env=env,
     )
+    return result, port
+
+
+def test_topics_create_with_no_broker_there_says_so_in_one_line(tmp_path: Path) -> None:
+    # aiokafka's raw log line came first, then an object dump with no next step
+    result, port = _topics_create_with_no_broker(tmp_path)
     assert result.returncode == 4
     assert one_line_reason(result) == (
         f"limitflow: cannot reach Kafka at 127.0.0.1:{port}: check --bootstrap-servers"
@@ -1447,15 +1456,8 @@ def test_topics_create_with_no_broker_there_says_so_in_one_line(tmp_path: Path) 
 
 
 def test_topics_create_names_a_misspelt_variable_as_run_does(tmp_path: Path) -> None:
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]  # nothing listens there
-    result = limitflow(
-        *("topics", "create", "--bootstrap-servers", f"127.0.0.1:{port}"),
-        *("--input-topic", "in", "--output-topic", "out", "--dead-letter-topic", "dead"),
-        cwd=tmp_path,
-        env={**os.environ, "LIMITFLOW_PARTITION": "12"},
-    )
+    env = {**os.environ, "LIMITFLOW_PARTITION": "12"}
+    result, _ = _topics_create_with_no_broker(tmp_path, env)
     assert result.returncode == 4
     assert result.stderr.decode().splitlines()[0] == (
         "limitflow: LIMITFLOW_PARTITION is not a limitflow setting: ignored (misspelt?)"

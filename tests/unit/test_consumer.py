@@ -79,10 +79,12 @@ class _TakeOvers(_FencingRefused):
         self.asked.append(partitions)
 
 
-def _runner(consumer: _Consumer, engine: Engine, output: Output | None = None) -> VelocityConsumer:
-    """A consumer on ``consumer`` whose output (by default) refuses to take partitions
-    over."""
-    settings = load_run_settings(
+def _runner(
+    consumer: Any, engine: Engine, output: Output | None = None, **settings: object
+) -> VelocityConsumer:
+    """A consumer on ``consumer`` (a fake) whose output (by default) refuses to take
+    partitions over; ``settings``: more of ``run``'s settings."""
+    loaded = load_run_settings(
         {
             "bootstrap_servers": "127.0.0.1:9",
             "input_topic": "in",
@@ -91,12 +93,13 @@ def _runner(consumer: _Consumer, engine: Engine, output: Output | None = None) -
             "group_id": "g",
             "rules": RULES,
             "store": "memory://",
+            **settings,
         },
         {},
     )
     metrics = Metrics()
     return VelocityConsumer(
-        settings,
+        loaded,
         engine,
         consumer,
         output or _FencingRefused(),

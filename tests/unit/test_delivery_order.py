@@ -9,7 +9,6 @@ land between two awaits).
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,16 +18,15 @@ from aiokafka.producer.message_accumulator import BatchBuilder  # type: ignore[i
 
 from handlers.decide import Decider
 from limitflow.errors import BrokerUnavailable, PartitionLost, StoreUnavailable
-from limitflow.settings import load_run_settings
 from schemas.rules import load_rules
 from stores.memory import MemoryStore
 from streams import output as output_module
 from streams.consumer import VelocityConsumer
 from streams.engine import Engine
-from streams.ops import Health, Metrics
 from streams.output import AtLeastOnceOutput, Message, Output, TransactionalOutput
+from tests.unit.test_consumer import RULES
+from tests.unit.test_consumer import _runner as consumer_runner
 
-RULES = str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml")
 TP0, TP1 = TopicPartition("in", 0), TopicPartition("in", 1)
 
 
@@ -77,13 +75,22 @@ def _batch() -> dict[TopicPartition, list[Message]]:
     }
 
 
-async def test_at_least_once_commits_offsets_only_once_every_publish_is_acknowledged() -> None:
+async def _delivering() -> tuple[
+    _Producer, _GroupConsumer, set[TopicPartition], asyncio.Task[None]
+]:
+    """``_batch()`` being delivered at least once, its records sent, none acknowledged:
+    (producer, consumer, partitions done, the delivery)."""
     log: list[str] = []
     producer, consumer = _Producer(log), _GroupConsumer(log)
     out = AtLeastOnceOutput(producer, consumer, timeout=5)
     done: set[TopicPartition] = set()
     task = asyncio.create_task(out.deliver(_batch(), {TP0: 11, TP1: 21}, done))
     await settle()
+    return producer, consumer, done, task
+
+
+async def test_at_least_once_commits_offsets_only_once_every_publish_is_acknowledged() -> None:
+    producer, consumer, done, task = await _delivering()
     assert producer.acks, "nothing was published"
     assert consumer.commits == [], "offsets committed before the verdicts were acknowledged"
     for ack in producer.acks[:-1]:
@@ -97,12 +104,7 @@ async def test_at_least_once_commits_offsets_only_once_every_publish_is_acknowle
 
 
 async def test_at_least_once_a_failed_publish_commits_nothing_and_marks_nothing_done() -> None:
-    log: list[str] = []
-    producer, consumer = _Producer(log), _GroupConsumer(log)
-    out = AtLeastOnceOutput(producer, consumer, timeout=5)
-    done: set[TopicPartition] = set()
-    task = asyncio.create_task(out.deliver(_batch(), {TP0: 11, TP1: 21}, done))
-    await settle()
+    producer, consumer, done, task = await _delivering()
     for ack in producer.acks:
         ack.set_exception(kafka_errors.KafkaTimeoutError())
     with pytest.raises(BrokerUnavailable):
@@ -272,24 +274,9 @@ class _Delivered(Output):
 
 
 def _runner(consumer: Any, store: Any, out: Output) -> VelocityConsumer:
-    settings = load_run_settings(
-        {
-            "bootstrap_servers": "127.0.0.1:9",
-            "input_topic": "in",
-            "output_topic": "out",
-            "dead_letter_topic": "dead",
-            "group_id": "g",
-            "rules": RULES,
-            "store": "memory://",
-            "retry_initial_ms": 50,
-            "retry_max_ms": 100,
-        },
-        {},
-    )
-    metrics = Metrics()
-    return VelocityConsumer(
-        settings, Engine(Decider(load_rules(RULES)), store), consumer, out, Health(metrics), metrics
-    )
+    """test_consumer's, on ``store``, retrying within 100 ms."""
+    engine = Engine(Decider(load_rules(RULES)), store)
+    return consumer_runner(consumer, engine, out, retry_initial_ms=50, retry_max_ms=100)
 
 
 async def test_records_fetched_while_a_batch_waits_on_an_outage_are_put_back() -> None:

@@ -249,12 +249,9 @@ def test_a_resend_gets_the_reason_its_verdict_names(verdict: bytes, read_in_plac
     assert not decoded if read_in_place else decoded == [verdict]
 
 
-@pytest.mark.parametrize("case", ["absent", "empty", "another_life", "rule_removed", "damaged"])
-def test_a_reversal_of_buckets_not_as_the_payment_left_them_is_decided_alike(case: str) -> None:
-    """The compiled path hands these to the Python path before it changes anything."""
-    from schemas.rules import load_rules
-
-    rules = load_rules(EXAMPLE_RULES)
+def paid_100(rules: RuleSet) -> tuple[Snapshot, EventRecord, str]:
+    """The state after payment p1 of 100.00 CNY, decided on the compiled path, with its
+    record stamped life 7 in every bucket: (snapshot, p1's record, its first bucket)."""
     compiled, _ = both(rules)
     state = WorkingState(Snapshot())
     payment = parse_event(_line("p1", amount="100.00", currency="CNY"))
@@ -262,7 +259,16 @@ def test_a_reversal_of_buckets_not_as_the_payment_left_them_is_decided_alike(cas
     snapshot = _copy(state.snapshot)
     record = snapshot.events["p1"]
     record.born = tuple(7 for _ in record.buckets)
-    key = record.buckets[0]
+    return snapshot, record, record.buckets[0]
+
+
+@pytest.mark.parametrize("case", ["absent", "empty", "another_life", "rule_removed", "damaged"])
+def test_a_reversal_of_buckets_not_as_the_payment_left_them_is_decided_alike(case: str) -> None:
+    """The compiled path hands these to the Python path before it changes anything."""
+    from schemas.rules import load_rules
+
+    rules = load_rules(EXAMPLE_RULES)
+    snapshot, record, key = paid_100(rules)
     if case == "absent":
         del snapshot.buckets[key]
     elif case == "empty":
@@ -270,6 +276,7 @@ def test_a_reversal_of_buckets_not_as_the_payment_left_them_is_decided_alike(cas
     elif case == "another_life":
         snapshot.buckets[key].born = 8
     elif case == "rule_removed":
+        assert record.born is not None
         record.buckets = ("gone-rule|2026-03-14|a", *record.buckets)
         record.born = (7, *record.born)
         snapshot.buckets["gone-rule|2026-03-14|a"] = Bucket(1, 10_000, 1, born=7)

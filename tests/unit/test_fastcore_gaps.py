@@ -131,19 +131,13 @@ def test_a_reversal_never_leaves_a_bucket_amount_below_zero() -> None:
     Decider._reversal's max(bucket.amount - amount, 0). Kills the removal of
     `if used < 0: used = 0` in _fastcore._reversal."""
     from schemas.rules import load_rules
-    from tests.unit.test_fastcore import EXAMPLE_RULES, _copy, _line, _reversal
+    from tests.unit.test_fastcore import EXAMPLE_RULES, _copy, _reversal, paid_100
 
     rules = load_rules(EXAMPLE_RULES)
     compiled, _ = both(rules)
-    state = WorkingState(Snapshot())
-    payment = parse_event(_line("p1", amount="100.00", currency="CNY"))
-    compiled.decide(payment, compiled.plan(payment), state)
-    snapshot = _copy(state.snapshot)
-    record = snapshot.events["p1"]
-    record.born = tuple(7 for _ in record.buckets)
+    snapshot, _, key = paid_100(rules)
     for b in snapshot.buckets.values():
         b.born = 7
-    key = record.buckets[0]
     snapshot.buckets[key].amount = 1  # less than the 100.00 released below
     lines = [_reversal("r1", "p1")]
     assert_same(rules, lines, snapshot)
