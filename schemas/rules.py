@@ -447,6 +447,64 @@ def _describe(data: Any, exc: msgspec.ValidationError) -> str:
     return message
 
 
+COUNTER_FIELDS: Final = ("window", "timezone", "currency", "scope")
+"""What a rule's counters hold, besides its id: changing any of these under one id would
+carry on from counters kept under the old meaning (another zone's periods, another
+currency's amounts, another field's values). Its limits and ``match`` may change."""
+
+
+class RuleChanged(RulesError):
+    """A rule's counters on the store were kept under another meaning (``counter_meaning``)."""
+
+
+def counter_meaning(rule: Rule) -> str | None:
+    """What ``rule``'s counters hold, as a store keeps it for the rule's id (compact JSON
+    of ``COUNTER_FIELDS``); None for a ``transaction`` rule, which keeps no counters."""
+    if rule.window is Window.TRANSACTION:
+        return None
+    zone = None if rule.window is Window.LIFETIME else rule.timezone  # one period in any zone
+    meaning = {"window": rule.window.value, "timezone": zone, "currency": rule.currency}
+    return msgspec.json.encode({**meaning, "scope": list(rule.scope)}).decode()
+
+
+def check_kept_meanings(rules: RuleSet, kept: dict[str, str]) -> None:
+    """Refuse (``RuleChanged``, naming every such rule) the rules whose counters a store
+    keeps under another meaning than theirs: ``kept`` maps rule ids to ``counter_meaning``
+    as the store has it. An unreadable kept meaning is a ``ValueError``."""
+    problems = []
+    for rule in rules.rules:
+        meaning = counter_meaning(rule)
+        stored = kept.get(rule.id)
+        if meaning is None or stored is None or stored == meaning:
+            continue
+        before = msgspec.json.decode(stored)
+        if not isinstance(before, dict):
+            raise ValueError(f"the meaning kept for rule {rule.id!r} is not a JSON object")
+        now = msgspec.json.decode(meaning)
+        changed = [
+            f"{name} {_shown(before.get(name))} (now {_shown(now[name])})"
+            for name in COUNTER_FIELDS
+            if before.get(name) != now[name]
+        ]
+        if changed:  # else the same meaning, written another way
+            problems.append(
+                f"rule {rule.id!r}: the store keeps its counters for {', '.join(changed)}"
+            )
+    if problems:
+        raise RuleChanged(
+            f"{'; '.join(problems)}. A rule's id names its counters: give a changed rule a"
+            " new id (its old counters then expire with their periods), or change it back"
+        )
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
 def load_rules(path: str) -> RuleSet:
     """Read and validate a rules file; unreadable files are a ``RulesError`` too."""
     try:

@@ -49,6 +49,7 @@ import zstandard
 
 from handlers.state import Keys, Snapshot, Writes
 from limitflow.errors import StoreRejected
+from schemas.rules import RuleChanged, RuleSet, check_kept_meanings, counter_meaning
 
 _MALFORMED = (
     struct.error,  # a packed memory record of the wrong size
@@ -236,6 +237,25 @@ class Store(abc.ABC):
         """Raise ``StoreNotInitialized`` unless ``init`` has been run on this store."""
         await self._verify()
 
+    async def keep_rules(self, rules: RuleSet) -> None:
+        """Keep what each rule's counters hold (``counter_meaning``) where this store has
+        nothing kept for its id yet, and refuse (``RuleChanged``) a rule whose counters
+        were kept under another meaning. Concurrent callers agree: the first to keep an
+        id's meaning wins, and the others compare against it."""
+        meanings = {r.id: m for r in rules.rules if (m := counter_meaning(r)) is not None}
+        if not meanings:
+            return
+        try:
+            kept = await self._keep_meanings(meanings)
+            check_kept_meanings(rules, kept)
+        except _MALFORMED as exc:
+            if isinstance(exc, RuleChanged):
+                raise
+            raise StoreRejected(
+                f"a kept rule meaning cannot be read ({type(exc).__name__}: {exc}); it was"
+                " not written by this version of limitflow, or it is damaged"
+            ) from exc
+
     async def close(self) -> None:  # noqa: B027 - optional hook, most backends need it
         """Release connections."""
 
@@ -254,6 +274,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def _verify(self) -> None:
         """Raise ``StoreNotInitialized`` when ``_create`` has not been run."""
+
+    @abc.abstractmethod
+    async def _keep_meanings(self, meanings: dict[str, str]) -> dict[str, str]:
+        """Store each meaning of ``meanings`` (by rule id) unless one is stored for its id
+        already, atomically per id; return what is stored now for each of these ids."""
 
 
 _PLAIN_OPTIONS: Final = frozenset(

@@ -1,7 +1,8 @@
 """DynamoDB state store: one table, versioned all-or-nothing commits in ``TransactWriteItems``.
 
 Every record is one item of the table ``{PREFIX}-state`` keyed by ``pk``: ``b#<bucket key>``,
-``a#<account id>`` or ``e#<event id>``, so one ``BatchGetItem`` reads all three kinds (see
+``a#<account id>`` or ``e#<event id>`` (and ``r#<rule id>``: what each rule's counters hold,
+see ``Store.keep_rules``), so one ``BatchGetItem`` reads all three kinds of record (see
 docs/dynamodb.md for why one table rather than three). Each item holds its ``version``;
 a commit puts every record with ``version = v`` under the condition that the stored version
 is ``v - 1`` and, for buckets and event records, the stored ``expires_at`` the one read
@@ -79,6 +80,9 @@ _CANCEL_CONFLICT = {"ConditionalCheckFailed", "TransactionConflict"}
 _CANCEL_THROTTLED = {"ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded"}
 
 BUCKET, ACCOUNT, EVENT = "b#", "a#", "e#"
+RULE = "r#"
+"""What a rule's counters hold (``Store.keep_rules``): ``r#<rule id>`` with ``meaning``,
+put once and never expiring; only ``_keep_meanings`` reads these items."""
 
 
 def _n(value: int) -> dict[str, str]:
@@ -417,15 +421,18 @@ class DynamoStore(Store):
         snapshot = Snapshot()
         if not pks:
             return snapshot
-        client = await self._dynamodb()
+        for item in await self._get_all(await self._dynamodb(), pks):
+            _add_item(snapshot, item)
+        return snapshot
+
+    async def _get_all(self, client: Any, pks: list[str]) -> list[Item]:
+        """The stored items of ``pks``: ``BatchGetItem``s of at most 100 keys, at once."""
         chunks = [
             pks[start : start + MAX_BATCH_GET_KEYS]
             for start in range(0, len(pks), MAX_BATCH_GET_KEYS)
         ]
-        for items in await asyncio.gather(*(self._batch_get(client, c) for c in chunks)):
-            for item in items:
-                _add_item(snapshot, item)
-        return snapshot
+        found = await asyncio.gather(*(self._batch_get(client, c) for c in chunks))
+        return [item for items in found for item in items]
 
     async def _batch_get(self, client: Any, pks: list[str]) -> list[Item]:
         """The stored items of ``pks`` (≤ 100), retrying ``UnprocessedKeys`` with backoff."""
@@ -448,6 +455,27 @@ class DynamoStore(Store):
         raise StoreUnavailable(
             f"DynamoDB left keys unprocessed after {_UNPROCESSED_RETRIES} retries (throttled)"
         )
+
+    async def _keep_meanings(self, meanings: dict[str, str]) -> dict[str, str]:
+        client = await self._dynamodb()
+
+        async def keep(rule_id: str, meaning: str) -> None:
+            self.round_trips += 1
+            try:
+                await client.put_item(
+                    TableName=self.table,
+                    Item={"pk": {"S": RULE + rule_id}, "meaning": {"S": meaning}},
+                    ConditionExpression="attribute_not_exists(pk)",
+                )
+            except ClientError as exc:
+                if _error_code(exc) != "ConditionalCheckFailedException":  # kept already
+                    raise translate(exc, "PutItem") from exc
+            except _DRIVER_ERRORS as exc:
+                raise translate(exc, "PutItem") from exc
+
+        await asyncio.gather(*(keep(rule_id, m) for rule_id, m in meanings.items()))
+        items = await self._get_all(client, [RULE + rule_id for rule_id in meanings])
+        return {item["pk"]["S"].removeprefix(RULE): item["meaning"]["S"] for item in items}
 
     async def _write(self, writes: Writes, expected: Expected) -> None:
         if len(writes) > MAX_TRANSACT_ITEMS:

@@ -74,6 +74,10 @@ class MemoryStore(Store):
         """Store ``bucket`` as it is, with no checks (for tests and tools)."""
         self.data.buckets[key] = _pack_bucket(bucket)
 
+    async def _keep_meanings(self, meanings: dict[str, str]) -> dict[str, str]:
+        kept = self.data.rules
+        return {rule_id: kept.setdefault(rule_id, meaning) for rule_id, meaning in meanings.items()}
+
     async def _read(self, keys: Keys) -> Snapshot:
         self.round_trips += 1
         data = self.data
@@ -157,6 +161,8 @@ class MemoryData:
     events: dict[str, bytes] = field(default_factory=dict)
     codec: Codec | None = None
     """Made at the first commit of event records, from the richest of their verdicts."""
+    rules: dict[str, str] = field(default_factory=dict)
+    """What each rule's counters hold, by rule id (``Store.keep_rules``)."""
 
 
 _encode = msgspec.msgpack.Encoder().encode

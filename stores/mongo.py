@@ -1,6 +1,7 @@
-"""MongoDB state store: three collections, one multi-document transaction per commit.
+"""MongoDB state store: three collections of records, one multi-document transaction per commit.
 
-Documents are keyed by ``_id`` in ``buckets``, ``accounts`` and ``events``. A commit runs
+Documents are keyed by ``_id`` in ``buckets``, ``accounts`` and ``events`` (and ``rules``:
+what each rule's counters hold, see ``Store.keep_rules``). A commit runs
 one ``bulk_write`` per collection inside a transaction: a record with new version 1 is
 an insert (a duplicate key means another writer created it first), any later version a
 ``ReplaceOne`` filtered on ``{_id, version: v - 1, expires_at: <as read>}`` (just the
@@ -65,6 +66,9 @@ Document = dict[str, Any]
 
 DEFAULT_DATABASE = "limitflow"
 BUCKETS, ACCOUNTS, EVENTS = "buckets", "accounts", "events"
+RULES = "rules"
+"""What each rule's counters hold, by rule id (``Store.keep_rules``): ``{_id, meaning}``.
+Made by ``store init``, or by the first insert into a database initialised before it."""
 EXPIRING = (BUCKETS, EVENTS)
 """Collections with a TTL index on ``expires_at`` (account sequences never expire)."""
 TTL_INDEX = "expires_at_ttl"
@@ -181,6 +185,31 @@ class MongoStore(Store):
             found.extend(await cursor.to_list())
         return found
 
+    async def _keep_meanings(self, meanings: dict[str, str]) -> dict[str, str]:
+        rules = self._collection(RULES)
+        try:
+            self.round_trips += 1
+            try:
+                await rules.insert_many(
+                    [{"_id": rule_id, "meaning": m} for rule_id, m in meanings.items()],
+                    ordered=False,
+                )
+            except BulkWriteError as exc:  # kept already (by us, or another member first)
+                details = exc.details
+                if details.get("writeConcernErrors") or any(
+                    e.get("code") != _DUPLICATE_KEY for e in details.get("writeErrors", ())
+                ):
+                    raise
+            found = await self._find(RULES, meanings)
+        except PyMongoError as exc:
+            raise _translate(exc) from exc
+        kept: dict[str, str] = {}
+        for doc in found:
+            if not isinstance(doc["meaning"], str):
+                raise TypeError(f"rules document {doc['_id']!r} has no text meaning")
+            kept[doc["_id"]] = doc["meaning"]
+        return kept
+
     # -- writes ------------------------------------------------------------------------
 
     async def _write(self, writes: Writes, expected: Expected) -> None:
@@ -256,7 +285,7 @@ class MongoStore(Store):
     async def _create(self) -> None:
         try:
             existing = set(await self._db.list_collection_names())
-            for name in (BUCKETS, ACCOUNTS, EVENTS):
+            for name in (BUCKETS, ACCOUNTS, EVENTS, RULES):
                 if name not in existing:
                     try:
                         await self._db.create_collection(name)

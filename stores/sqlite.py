@@ -85,6 +85,9 @@ _DICTIONARY: Final = "verdict_dictionary"
 """The ``meta`` row of the file's verdict dictionary (``stores.verdict_codec``): made
 from the first verdict the file stores, never changed (every process that opens the
 file reads it once), and left out of expiry (it holds nothing that names an event)."""
+_RULE: Final = "rule:"
+"""The start of the ``meta`` rows of what each rule's counters hold (``Store.keep_rules``):
+``rule:<id>``, kept for good (they are small, and name no event)."""
 _ADDED_COLUMNS: Final = (("buckets", "born INTEGER"), ("events", "born TEXT"))
 """Columns added since the first schema: ``init`` adds them to a file made before (its
 rows read them as NULL: a bucket's life and a record's list not known)."""
@@ -324,6 +327,41 @@ class SqliteStore(Store):
             raise _translate(exc) from exc
         if not {"buckets", "accounts", "events"} <= names:
             raise StoreNotInitialized(f"{self.path} has no limitflow tables")
+
+    async def _keep_meanings(self, meanings: dict[str, str]) -> dict[str, str]:
+        db = self._db
+        try:
+            kept = self._kept_meanings(meanings)
+            if len(kept) == len(meanings):  # the usual start: no write lock to wait for
+                return kept
+            self._begin_immediate()
+            try:
+                db.executemany(
+                    "INSERT OR IGNORE INTO meta VALUES (?, ?)",
+                    [(_RULE + rule_id, meaning) for rule_id, meaning in meanings.items()],
+                )
+                kept = self._kept_meanings(meanings)  # another process's, if it got there first
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+        return kept
+
+    def _kept_meanings(self, meanings: dict[str, str]) -> dict[str, str]:
+        kept: dict[str, str] = {}
+        for chunk in _chunks(_RULE + rule_id for rule_id in meanings):
+            marks = ",".join("?" * len(chunk))
+            for name, value in self._db.execute(
+                f"SELECT name, value FROM meta WHERE name IN ({marks})",  # noqa: S608
+                chunk,
+            ):
+                if type(value) is not str:
+                    raise ValueError(f"meta row {name!r} holds {type(value).__name__}")
+                kept[name.removeprefix(_RULE)] = value
+        return kept
 
     async def _read(self, keys: Keys) -> Snapshot:
         snapshot = Snapshot()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -15,7 +17,7 @@ from handlers.decide import MAX_APPLICABLE_RULES, MAX_KEY_BYTES, Decider, Outcom
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, WorkingState, Writes
 from limitflow.errors import ConflictError
 from schemas.events import EventType
-from schemas.rules import load_rules, parse_rules
+from schemas.rules import RuleChanged, RuleSet, load_rules, parse_rules
 from stores import open_store
 from stores.base import Store
 from stores.dynamo import DynamoStore
@@ -683,3 +685,93 @@ async def test_a_payment_stored_before_lives_were_kept_is_released_by_its_revers
         assert after.born > 0  # the bucket's life is known from its next write on
     finally:
         await store.close()
+
+
+# -- what a rule's counters hold, kept for its id ----------------------------------------
+
+_MEANING_RULES = """
+rules:
+  - {id: day, window: day, timezone: Asia/Shanghai, currency: CNY, max_amount: "100.00"}
+  - {id: card, window: month, scope: [card_id, channel], max_count: 3}
+  - {id: big, window: transaction, currency: CNY, max_amount: "50.00"}
+"""
+
+
+def _kept_rules_with(*changes: tuple[str, str], more: str = "") -> RuleSet:
+    text = _MEANING_RULES
+    for before, after in changes:
+        assert before in text
+        text = text.replace(before, after)
+    return parse_rules(text + more)
+
+
+async def test_a_rule_whose_counters_changed_meaning_is_refused_everywhere(
+    store_url: str,
+) -> None:
+    first, second = await handles(store_url, NOW, NOW)
+    try:
+        await first.keep_rules(_kept_rules_with())
+        # limits and matches change in place; a rule added later is kept from then on
+        limits = ('"100.00"', '"80.00"'), ("3}", "3, match: {channel: [atm]}}")
+        year = "  - {id: new, window: year, max_count: 1}\n"
+        await second.keep_rules(_kept_rules_with(*limits, more=year))
+        # so does a transaction rule, which keeps no counters
+        await first.keep_rules(_kept_rules_with(('CNY, max_amount: "50', 'USD, max_amount: "50')))
+        for change, said in [
+            (
+                ("zone: Asia/Shanghai", "zone: UTC"),
+                "rule 'day': the store keeps its counters for timezone Asia/Shanghai (now UTC).",
+            ),
+            (
+                ('CNY, max_amount: "100', 'USD, max_amount: "100'),
+                "rule 'day': the store keeps its counters for currency CNY (now USD).",
+            ),
+            (
+                ("window: month", "window: week"),
+                "rule 'card': the store keeps its counters for window month (now week).",
+            ),
+            (
+                ("[card_id, channel]", "[channel, card_id]"),
+                "rule 'card': the store keeps its counters for scope [card_id, channel]"
+                " (now [channel, card_id]).",
+            ),
+        ]:
+            with pytest.raises(RuleChanged, match="^" + re.escape(said)):
+                await second.keep_rules(_kept_rules_with(change))
+        lifetime = "  - {id: new, window: lifetime, scope: card_id, max_count: 1}\n"
+        both = (  # every changed rule, in one message
+            "rule 'day': the store keeps its counters for timezone Asia/Shanghai (now UTC);"
+            " rule 'new': the store keeps its counters for window year (now lifetime),"
+            " timezone UTC (now none), scope [account_id] (now [card_id]). A rule's id"
+        )
+        with pytest.raises(RuleChanged, match="^" + re.escape(both)):
+            await first.keep_rules(
+                _kept_rules_with(("zone: Asia/Shanghai", "zone: UTC"), more=lifetime)
+            )
+    finally:
+        for store in (first, second):
+            await store.close()
+
+
+async def test_stores_started_together_keep_one_meaning_for_a_rule(store_url: str) -> None:
+    stores = await handles(store_url, *[NOW] * 6)
+    zones = ["UTC", "Asia/Tokyo"] * 3
+    try:
+        outcomes = await asyncio.gather(
+            *(
+                store.keep_rules(
+                    parse_rules(
+                        f"rules:\n  - {{id: r, window: day, timezone: {zone}, max_count: 1}}\n"
+                    )
+                )
+                for store, zone in zip(stores, zones, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        kept = {zone for zone, outcome in zip(zones, outcomes, strict=True) if outcome is None}
+        assert len(kept) == 1, outcomes  # whichever came first, and the others agree
+        refused = [o for o in outcomes if o is not None]
+        assert len(refused) == 3 and all(isinstance(o, RuleChanged) for o in refused), outcomes
+    finally:
+        for store in stores:
+            await store.close()

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from schemas.rules import Rule, RulesError, Window, load_rules, parse_rules
+from schemas.rules import (
+    Rule,
+    RuleChanged,
+    RulesError,
+    Window,
+    check_kept_meanings,
+    counter_meaning,
+    load_rules,
+    parse_rules,
+)
 
 VALID = textwrap.dedent(
     """\
@@ -536,3 +545,43 @@ def test_a_float_outside_match_keeps_its_text() -> None:
 def test_a_key_yaml_would_read_as_something_else_is_refused_by_name() -> None:
     message = refusal(one_rule("window: day\nmax_count: 1\nmatch: {yes: [a]}"))
     assert message.startswith("rule 'r1': match: yes would be read as true")
+
+
+def test_a_rule_s_counters_mean_its_window_zone_currency_and_scope() -> None:
+    kept = {r.id: counter_meaning(r) for r in parse_rules(VALID).rules}
+    assert kept == {
+        "acct-day-cny": '{"window":"day","timezone":"Asia/Shanghai","currency":"CNY",'
+        '"scope":["account_id"]}',
+        "card.merchant_hour-1": '{"window":"hour","timezone":"UTC","currency":null,'
+        '"scope":["card_id","merchant_id"]}',
+        "atm-week-jpy": '{"window":"week","timezone":"UTC","currency":"JPY",'
+        '"scope":["account_id"]}',
+        "single-kwd": None,  # a transaction rule keeps no counters
+    }
+    lifetime = parse_rules("rules: [{id: l, window: lifetime, timezone: Asia/Tokyo, max_count: 1}]")
+    assert counter_meaning(lifetime.rules[0]) == (  # one period, in any zone
+        '{"window":"lifetime","timezone":null,"currency":null,"scope":["account_id"]}'
+    )
+
+
+def test_kept_meanings_refuse_only_what_changes_a_counter() -> None:
+    kept = {r.id: m for r in parse_rules(VALID).rules if (m := counter_meaning(r))}
+    kept["gone"] = '{"window":"year"}'  # a rule no longer in the file: not looked at
+    check_kept_meanings(parse_rules(VALID), kept)
+    # limits, matches, descriptions and transaction rules change in place
+    edited = VALID.replace("max_count: 6", "max_count: 2").replace("[atm, kiosk]", "[atm]")
+    check_kept_meanings(parse_rules(edited.replace("KWD", "USD").replace("1.5", "1")), kept)
+    # the same meaning written another way (another order, by another version) is the same
+    kept["acct-day-cny"] = (
+        '{"scope":["account_id"],"currency":"CNY","timezone":"Asia/Shanghai","window":"day"}'
+    )
+    check_kept_meanings(parse_rules(VALID), kept)
+    with pytest.raises(RuleChanged) as refused:
+        check_kept_meanings(parse_rules(VALID.replace("[card_id, merchant_id]", "card_id")), kept)
+    assert str(refused.value).startswith(
+        "rule 'card.merchant_hour-1': the store keeps its counters for scope"
+        " [card_id, merchant_id] (now [card_id]). A rule's id names its counters"
+    )
+    kept["acct-day-cny"] = "[1]"
+    with pytest.raises(ValueError, match="not a JSON object"):
+        check_kept_meanings(parse_rules(VALID), kept)

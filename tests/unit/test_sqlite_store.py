@@ -91,6 +91,28 @@ async def test_an_account_sequence_that_is_not_an_integer_is_refused(
 
 
 @pytest.mark.parametrize(
+    ("value", "said"),
+    [("x'7b7d'", "holds bytes"), ("'[1]'", "not a JSON object"), ("'{'", "DecodeError")],
+)
+async def test_a_kept_rule_meaning_edited_by_hand_is_refused(
+    tmp_path: Path, value: str, said: str
+) -> None:
+    path = str(tmp_path / "edited.db")
+    store = SqliteStore(path)
+    await store.init()
+    rules = parse_rules(_DAY_RULES)
+    try:
+        await store.keep_rules(rules)
+        with closing(sqlite3.connect(path, isolation_level=None)) as db:
+            edited = db.execute(f"UPDATE meta SET value = {value} WHERE name LIKE 'rule:%'")
+            assert edited.rowcount == 1
+        with pytest.raises(StoreRejected, match=f"kept rule meaning cannot be read.*{said}"):
+            await store.keep_rules(rules)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
     "edit",
     [
         "UPDATE buckets SET amount = 1.5",
