@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO, ClassVar
 
 from limitflow.errors import ConfigError, LimitflowError, StoreError, StoreNotInitialized
-from schemas.rules import RulesError, RuleSet, load_rules
+from schemas.rules import RuleChanged, RulesError, RuleSet, load_rules
 
 DEFAULT_STORE = "sqlite:///limitflow.db"
 
@@ -52,9 +52,13 @@ def _rules(path: str) -> RuleSet:
         raise CommandFailed(f"rules: {exc}", EXIT_USAGE) from None
 
 
-async def open_ready_store(url: str, *, lock_wait: float | None = None) -> object:
+async def open_ready_store(
+    url: str, rules: RuleSet | None = None, *, lock_wait: float | None = None
+) -> object:
     """Open the store of ``url``; embedded stores are created, servers must be initialised.
-    ``lock_wait``: see ``stores.open_store``."""
+    With ``rules``, the store keeps what their counters hold, and a rule whose counters it
+    keeps under another meaning is refused (``Store.keep_rules``). ``lock_wait``: see
+    ``stores.open_store``."""
     from stores import open_store
     from stores.base import redacted
 
@@ -65,6 +69,8 @@ async def open_ready_store(url: str, *, lock_wait: float | None = None) -> objec
                 await store.init()
             else:
                 await store.check()
+            if rules is not None:
+                await store.keep_rules(rules)
         except BaseException:
             # the failed store may hold a client and its connection pool: release them
             await store.close()
@@ -78,6 +84,8 @@ async def open_ready_store(url: str, *, lock_wait: float | None = None) -> objec
             f"store: {exc.missing}: run `limitflow store init --store '{shown}'`{masked}",
             EXIT_STORE,
         ) from None
+    except RuleChanged as exc:
+        raise CommandFailed(f"rules: {exc}", EXIT_USAGE) from None
     except (StoreError, ConfigError) as exc:
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
     except ValueError as exc:  # a driver's word on an endpoint it cannot use, at first use
@@ -174,7 +182,7 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
     with contextlib.ExitStack() as files:
         # the input first: an unreadable one fails before a sqlite file is made for it
         source = files.enter_context(_open_binary(args.input, "rb"))
-        store = await open_ready_store(args.store)
+        store = await open_ready_store(args.store, rules)
         assert isinstance(store, Store)
         try:
             # once the store is open: a sqlite file it has just made exists only now

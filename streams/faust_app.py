@@ -249,7 +249,7 @@ async def open_engine(settings: FaustSettings, rules: RuleSet) -> Engine:
     from stores.sqlite import CONSUMER_LOCK_WAIT
 
     try:
-        store = await open_ready_store(settings.store, lock_wait=CONSUMER_LOCK_WAIT)
+        store = await open_ready_store(settings.store, rules, lock_wait=CONSUMER_LOCK_WAIT)
     except CommandFailed as exc:
         raise ConfigError(str(exc)) from None
     assert isinstance(store, Store)

@@ -498,3 +498,36 @@ def test_a_stop_while_waiting_for_the_broker_exits_0_at_once(tmp_path: Path) -> 
         assert "nothing was consumed" in worker.log.read_text()
     finally:
         worker.kill()
+
+
+async def test_a_rule_whose_counters_would_change_meaning_stops_the_worker(
+    kafka: KafkaBroker, topics: Topics, tmp_path: Path
+) -> None:
+    from schemas.rules import load_rules, parse_rules
+    from stores.sqlite import SqliteStore
+
+    path = tmp_path / "faust.db"
+    kept = SqliteStore(str(path))  # as a worker on the rules before their edit left it
+    await kept.init()
+    await kept.keep_rules(parse_rules(RULES.read_text().replace("Asia/Shanghai", "Asia/Tokyo")))
+    await kept.close()
+    load_rules(str(RULES))  # the rules file itself is valid
+    await produce(kafka, topics.input, input_lines()[:20])
+    worker = Worker(
+        kafka, topics, f"sqlite:///{path}", f"g-{uuid.uuid4().hex[:6]}", tmp_path / "w.log"
+    )
+    try:
+        code = worker.proc.wait(120)
+    finally:
+        worker.kill()
+    log = worker.log.read_text()
+    assert code == 1, log[-3000:]
+    assert "the store keeps its counters for timezone Asia/Tokyo (now Asia/Shanghai)" in log
+    consumer = AIOKafkaConsumer(
+        topics.output, bootstrap_servers=kafka.bootstrap_servers, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:  # nothing was decided
+        assert not any((await consumer.getmany(timeout_ms=2000)).values())
+    finally:
+        await consumer.stop()

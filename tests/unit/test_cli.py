@@ -1559,3 +1559,48 @@ def test_run_ignores_a_sigterm_that_comes_while_python_finishes(
     assert code == 0, log
     assert "nothing was consumed" in log
     assert "finished 0" in log
+
+
+def test_a_rule_whose_counters_would_change_meaning_is_refused_before_any_event(
+    tmp_path: Path, rules: Path
+) -> None:
+    # the day's counters of acct-day-2 were kept in UTC days; in Asia/Shanghai days the
+    # same period names would go on from them, mixing two zones' payments in one count
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    source = write(tmp_path / "events.jsonl", [pay("p1"), pay("p2")])
+    args = ["replay", "--input", str(source), "--store", store, "--dead-letter", "d.jsonl"]
+    first = limitflow(*args, "--rules", str(rules), "--output", "v0.jsonl", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr.decode()
+    moved = write(
+        tmp_path / "moved.yaml",
+        [RULES.replace("max_count: 2", "max_count: 2\n    timezone: Asia/Shanghai")],
+    )
+    refused = limitflow(*args, "--rules", str(moved), "--output", "v1.jsonl", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert one_line_reason(refused) == (
+        "limitflow: rules: rule 'acct-day-2': the store keeps its counters for timezone UTC"
+        " (now Asia/Shanghai). A rule's id names its counters: give a changed rule a new id"
+        " (its old counters then expire with their periods), or change it back"
+    )
+    assert not (tmp_path / "v1.jsonl").exists()  # refused before anything was decided
+    # `run` refuses it too, at start, before it waits for any broker
+    started = limitflow(
+        *("run", "--bootstrap-servers", f"127.0.0.1:{_closed_port()}", "--group-id", "g"),
+        *("--input-topic", "in", "--output-topic", "out", "--dead-letter-topic", "dead"),
+        *("--rules", str(moved), "--store", store),
+        cwd=tmp_path,
+    )
+    assert started.returncode == 2
+    assert (
+        "rule 'acct-day-2': the store keeps its counters for timezone UTC"
+        in started.stderr.decode()
+    )
+    # under a new id, the rule counts from zero (the old id's day holds two already)
+    more = write(tmp_path / "more.jsonl", [pay("p3"), pay("p4")])
+    args[args.index(str(source))] = str(more)
+    renamed = write(
+        tmp_path / "renamed.yaml", [moved.read_text().replace("acct-day-2", "acct-day-sh")]
+    )
+    again = limitflow(*args, "--rules", str(renamed), "--output", "v2.jsonl", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr.decode()
+    assert [v["decision"] for v in jsonl((tmp_path / "v2.jsonl").read_bytes())] == ["accept"] * 2
