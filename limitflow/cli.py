@@ -9,11 +9,11 @@ import os
 import signal
 import stat
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, BinaryIO, ClassVar
 
 from limitflow.errors import ConfigError, LimitflowError, StoreError, StoreNotInitialized
-from schemas.rules import RuleChanged, RulesError, RuleSet, load_rules
+from schemas.rules import RuleChanged, RulesError, RuleSet, counter_meaning, load_rules
 
 DEFAULT_STORE = "sqlite:///limitflow.db"
 
@@ -53,19 +53,23 @@ def _rules(path: str) -> RuleSet:
 
 
 async def open_ready_store(
-    url: str, rules: RuleSet | None = None, *, lock_wait: float | None = None
+    url: str,
+    rules: RuleSet | None = None,
+    *,
+    lock_wait: float | None = None,
+    create: bool = True,
 ) -> object:
-    """Open the store of ``url``; embedded stores are created, servers must be initialised.
-    With ``rules``, the store keeps what their counters hold, and a rule whose counters it
-    keeps under another meaning is refused (``Store.keep_rules``). ``lock_wait``: see
-    ``stores.open_store``."""
+    """Open the store of ``url``; embedded stores are created (unless not ``create``),
+    servers must be initialised. With ``rules``, the store keeps what their counters hold,
+    and a rule whose counters it keeps under another meaning is refused
+    (``Store.keep_rules``). ``lock_wait``: see ``stores.open_store``."""
     from stores import open_store
     from stores.base import redacted
 
     try:
         store = open_store(url, lock_wait=lock_wait)
         try:
-            if url.startswith(("memory:", "sqlite:")):
+            if create and url.startswith(("memory:", "sqlite:")):
                 await store.init()
             else:
                 await store.check()
@@ -308,7 +312,7 @@ def _sqlite_file(url: str) -> str | None:
     return url[len("sqlite:///") :].split("?", 1)[0] or None
 
 
-def _rules_check(args: argparse.Namespace) -> int:
+def _rules_check(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
     rules = _rules(args.rules)
     print(f"{args.rules}: {_count(len(rules.rules), 'rule')}, version {rules.version}")
     for rule in rules.rules:
@@ -333,6 +337,34 @@ def _rules_check(args: argparse.Namespace) -> int:
             where.append(f"{field} in {sorted(allowed)}")
         print(f"  {rule.id}: {' and '.join(limits)}, {', '.join(where)}")
     _note_wide_rules(rules)
+    if args.store is None:
+        return EXIT_OK
+    path = _sqlite_file(args.store)
+    if args.store.startswith("memory:") or (path is not None and not os.path.exists(path)):
+        print(f"{args.store}: no store there yet: it will keep these rules")
+        return EXIT_OK
+    return _rules_check_store(args.store, rules)
+
+
+async def _rules_check_store(url: str, rules: RuleSet) -> int:
+    """Whether a store would take ``rules``: what it keeps of each rule's counters,
+    compared and never written (see ``Store.keep_rules``)."""
+    from stores.base import Store, redacted
+
+    store = await open_ready_store(url, create=False)
+    assert isinstance(store, Store)
+    try:
+        known = await store.keep_rules(rules, keep=False)
+    except RuleChanged as exc:
+        raise CommandFailed(f"rules: {exc}", EXIT_USAGE) from None
+    except StoreError as exc:
+        raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
+    finally:
+        await store.close()
+    new = sum(counter_meaning(rule) is not None for rule in rules.rules) - known
+    kept = f"{_count(known, 'rule')} kept there unchanged" if known else "none kept there yet"
+    fresh = f", {new} new: {'its' if new == 1 else 'their'} counters start from zero" if new else ""
+    print(f"{redacted(url)}: takes these rules ({kept}{fresh})")
     return EXIT_OK
 
 
@@ -406,6 +438,11 @@ def build_parser() -> argparse.ArgumentParser:
     rules_commands = rules.add_subparsers(dest="rules_command", required=True)
     check = rules_commands.add_parser("check", help="validate and summarise a rules file")
     check.add_argument("rules")
+    check.add_argument(
+        "--store",
+        help="also check the rules against this store: a rule whose counters it keeps under"
+        " another window, zone, currency or scope would be refused (nothing is written)",
+    )
     check.set_defaults(handler=_rules_check)
 
     store = commands.add_parser("store", help="manage a state store")

@@ -237,16 +237,21 @@ class Store(abc.ABC):
         """Raise ``StoreNotInitialized`` unless ``init`` has been run on this store."""
         await self._verify()
 
-    async def keep_rules(self, rules: RuleSet) -> None:
+    async def keep_rules(self, rules: RuleSet, *, keep: bool = True) -> int:
         """Keep what each rule's counters hold (``counter_meaning``) where this store has
         nothing kept for its id yet, and refuse (``RuleChanged``) a rule whose counters
         were kept under another meaning. Concurrent callers agree: the first to keep an
-        id's meaning wins, and the others compare against it."""
+        id's meaning wins, and the others compare against it. With ``keep=False``, only
+        compare (a rule new to the store passes). Returns how many of the rules' meanings
+        the store had kept before."""
         meanings = {r.id: m for r in rules.rules if (m := counter_meaning(r)) is not None}
-        if not meanings:
-            return
+        ids = list(meanings)
         try:
-            kept = await self._keep_meanings(meanings)
+            kept = await self._read_meanings(ids) if ids else {}
+            known = len(kept)
+            if keep and known < len(ids):
+                await self._add_meanings({i: m for i, m in meanings.items() if i not in kept})
+                kept = await self._read_meanings(ids)  # another writer's, if it came first
             check_kept_meanings(rules, kept)
         except _MALFORMED as exc:
             if isinstance(exc, RuleChanged):
@@ -255,6 +260,7 @@ class Store(abc.ABC):
                 f"a kept rule meaning cannot be read ({type(exc).__name__}: {exc}); it was"
                 " not written by this version of limitflow, or it is damaged"
             ) from exc
+        return known
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most backends need it
         """Release connections."""
@@ -276,9 +282,13 @@ class Store(abc.ABC):
         """Raise ``StoreNotInitialized`` when ``_create`` has not been run."""
 
     @abc.abstractmethod
-    async def _keep_meanings(self, meanings: dict[str, str]) -> dict[str, str]:
+    async def _read_meanings(self, ids: list[str]) -> dict[str, str]:
+        """The meanings stored for the rule ``ids`` that have one."""
+
+    @abc.abstractmethod
+    async def _add_meanings(self, meanings: dict[str, str]) -> None:
         """Store each meaning of ``meanings`` (by rule id) unless one is stored for its id
-        already, atomically per id; return what is stored now for each of these ids."""
+        already (then keep that one), atomically per id."""
 
 
 _PLAIN_OPTIONS: Final = frozenset(

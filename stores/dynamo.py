@@ -82,7 +82,7 @@ _CANCEL_THROTTLED = {"ThrottlingError", "ProvisionedThroughputExceeded", "Reques
 BUCKET, ACCOUNT, EVENT = "b#", "a#", "e#"
 RULE = "r#"
 """What a rule's counters hold (``Store.keep_rules``): ``r#<rule id>`` with ``meaning``,
-put once and never expiring; only ``_keep_meanings`` reads these items."""
+put once and never expiring; only ``_read_meanings`` reads these items."""
 
 
 def _n(value: int) -> dict[str, str]:
@@ -456,10 +456,14 @@ class DynamoStore(Store):
             f"DynamoDB left keys unprocessed after {_UNPROCESSED_RETRIES} retries (throttled)"
         )
 
-    async def _keep_meanings(self, meanings: dict[str, str]) -> dict[str, str]:
+    async def _read_meanings(self, ids: list[str]) -> dict[str, str]:
+        items = await self._get_all(await self._dynamodb(), [RULE + rule_id for rule_id in ids])
+        return {item["pk"]["S"].removeprefix(RULE): item["meaning"]["S"] for item in items}
+
+    async def _add_meanings(self, meanings: dict[str, str]) -> None:
         client = await self._dynamodb()
 
-        async def keep(rule_id: str, meaning: str) -> None:
+        async def add(rule_id: str, meaning: str) -> None:
             self.round_trips += 1
             try:
                 await client.put_item(
@@ -468,14 +472,13 @@ class DynamoStore(Store):
                     ConditionExpression="attribute_not_exists(pk)",
                 )
             except ClientError as exc:
-                if _error_code(exc) != "ConditionalCheckFailedException":  # kept already
+                # another member's, if it got there first, stays
+                if _error_code(exc) != "ConditionalCheckFailedException":
                     raise translate(exc, "PutItem") from exc
             except _DRIVER_ERRORS as exc:
                 raise translate(exc, "PutItem") from exc
 
-        await asyncio.gather(*(keep(rule_id, m) for rule_id, m in meanings.items()))
-        items = await self._get_all(client, [RULE + rule_id for rule_id in meanings])
-        return {item["pk"]["S"].removeprefix(RULE): item["meaning"]["S"] for item in items}
+        await asyncio.gather(*(add(rule_id, m) for rule_id, m in meanings.items()))
 
     async def _write(self, writes: Writes, expected: Expected) -> None:
         if len(writes) > MAX_TRANSACT_ITEMS:

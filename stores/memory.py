@@ -74,9 +74,13 @@ class MemoryStore(Store):
         """Store ``bucket`` as it is, with no checks (for tests and tools)."""
         self.data.buckets[key] = _pack_bucket(bucket)
 
-    async def _keep_meanings(self, meanings: dict[str, str]) -> dict[str, str]:
+    async def _read_meanings(self, ids: list[str]) -> dict[str, str]:
         kept = self.data.rules
-        return {rule_id: kept.setdefault(rule_id, meaning) for rule_id, meaning in meanings.items()}
+        return {rule_id: kept[rule_id] for rule_id in ids if rule_id in kept}
+
+    async def _add_meanings(self, meanings: dict[str, str]) -> None:
+        for rule_id, meaning in meanings.items():
+            self.data.rules.setdefault(rule_id, meaning)
 
     async def _read(self, keys: Keys) -> Snapshot:
         self.round_trips += 1

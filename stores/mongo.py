@@ -185,22 +185,9 @@ class MongoStore(Store):
             found.extend(await cursor.to_list())
         return found
 
-    async def _keep_meanings(self, meanings: dict[str, str]) -> dict[str, str]:
-        rules = self._collection(RULES)
+    async def _read_meanings(self, ids: list[str]) -> dict[str, str]:
         try:
-            self.round_trips += 1
-            try:
-                await rules.insert_many(
-                    [{"_id": rule_id, "meaning": m} for rule_id, m in meanings.items()],
-                    ordered=False,
-                )
-            except BulkWriteError as exc:  # kept already (by us, or another member first)
-                details = exc.details
-                if details.get("writeConcernErrors") or any(
-                    e.get("code") != _DUPLICATE_KEY for e in details.get("writeErrors", ())
-                ):
-                    raise
-            found = await self._find(RULES, meanings)
+            found = await self._find(RULES, ids)
         except PyMongoError as exc:
             raise _translate(exc) from exc
         kept: dict[str, str] = {}
@@ -209,6 +196,22 @@ class MongoStore(Store):
                 raise TypeError(f"rules document {doc['_id']!r} has no text meaning")
             kept[doc["_id"]] = doc["meaning"]
         return kept
+
+    async def _add_meanings(self, meanings: dict[str, str]) -> None:
+        self.round_trips += 1
+        try:
+            await self._collection(RULES).insert_many(
+                [{"_id": rule_id, "meaning": m} for rule_id, m in meanings.items()],
+                ordered=False,
+            )
+        except BulkWriteError as exc:  # another member's, if it got there first, stays
+            details = exc.details
+            if details.get("writeConcernErrors") or any(
+                e.get("code") != _DUPLICATE_KEY for e in details.get("writeErrors", ())
+            ):
+                raise _translate(exc) from exc
+        except PyMongoError as exc:
+            raise _translate(exc) from exc
 
     # -- writes ------------------------------------------------------------------------
 

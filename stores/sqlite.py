@@ -328,19 +328,36 @@ class SqliteStore(Store):
         if not {"buckets", "accounts", "events"} <= names:
             raise StoreNotInitialized(f"{self.path} has no limitflow tables")
 
-    async def _keep_meanings(self, meanings: dict[str, str]) -> dict[str, str]:
+    async def _read_meanings(self, ids: list[str]) -> dict[str, str]:
+        kept: dict[str, str] = {}
+        try:
+            for chunk in _chunks(_RULE + rule_id for rule_id in ids):
+                marks = ",".join("?" * len(chunk))
+                for name, value in self._db.execute(
+                    f"SELECT name, value FROM meta WHERE name IN ({marks})",  # noqa: S608
+                    chunk,
+                ):
+                    if type(value) is not str:
+                        raise ValueError(f"meta row {name!r} holds {type(value).__name__}")
+                    kept[name.removeprefix(_RULE)] = value
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # a file made before the meta table
+                return {}
+            raise _translate(exc) from exc
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+        return kept
+
+    async def _add_meanings(self, meanings: dict[str, str]) -> None:
         db = self._db
         try:
-            kept = self._kept_meanings(meanings)
-            if len(kept) == len(meanings):  # the usual start: no write lock to wait for
-                return kept
             self._begin_immediate()
             try:
-                db.executemany(
+                db.execute(_META_SCHEMA)
+                db.executemany(  # another process's, if it got there first, stays
                     "INSERT OR IGNORE INTO meta VALUES (?, ?)",
                     [(_RULE + rule_id, meaning) for rule_id, meaning in meanings.items()],
                 )
-                kept = self._kept_meanings(meanings)  # another process's, if it got there first
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
@@ -348,20 +365,6 @@ class SqliteStore(Store):
                 raise
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
-        return kept
-
-    def _kept_meanings(self, meanings: dict[str, str]) -> dict[str, str]:
-        kept: dict[str, str] = {}
-        for chunk in _chunks(_RULE + rule_id for rule_id in meanings):
-            marks = ",".join("?" * len(chunk))
-            for name, value in self._db.execute(
-                f"SELECT name, value FROM meta WHERE name IN ({marks})",  # noqa: S608
-                chunk,
-            ):
-                if type(value) is not str:
-                    raise ValueError(f"meta row {name!r} holds {type(value).__name__}")
-                kept[name.removeprefix(_RULE)] = value
-        return kept
 
     async def _read(self, keys: Keys) -> Snapshot:
         snapshot = Snapshot()

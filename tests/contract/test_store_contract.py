@@ -697,7 +697,7 @@ rules:
 """
 
 
-def _kept_rules_with(*changes: tuple[str, str], more: str = "") -> RuleSet:
+def _meaning_rules_with(*changes: tuple[str, str], more: str = "") -> RuleSet:
     text = _MEANING_RULES
     for before, after in changes:
         assert before in text
@@ -710,13 +710,15 @@ async def test_a_rule_whose_counters_changed_meaning_is_refused_everywhere(
 ) -> None:
     first, second = await handles(store_url, NOW, NOW)
     try:
-        await first.keep_rules(_kept_rules_with())
+        await first.keep_rules(_meaning_rules_with())
         # limits and matches change in place; a rule added later is kept from then on
         limits = ('"100.00"', '"80.00"'), ("3}", "3, match: {channel: [atm]}}")
         year = "  - {id: new, window: year, max_count: 1}\n"
-        await second.keep_rules(_kept_rules_with(*limits, more=year))
+        await second.keep_rules(_meaning_rules_with(*limits, more=year))
         # so does a transaction rule, which keeps no counters
-        await first.keep_rules(_kept_rules_with(('CNY, max_amount: "50', 'USD, max_amount: "50')))
+        await first.keep_rules(
+            _meaning_rules_with(('CNY, max_amount: "50', 'USD, max_amount: "50'))
+        )
         for change, said in [
             (
                 ("zone: Asia/Shanghai", "zone: UTC"),
@@ -737,7 +739,7 @@ async def test_a_rule_whose_counters_changed_meaning_is_refused_everywhere(
             ),
         ]:
             with pytest.raises(RuleChanged, match="^" + re.escape(said)):
-                await second.keep_rules(_kept_rules_with(change))
+                await second.keep_rules(_meaning_rules_with(change))
         lifetime = "  - {id: new, window: lifetime, scope: card_id, max_count: 1}\n"
         both = (  # every changed rule, in one message
             "rule 'day': the store keeps its counters for timezone Asia/Shanghai (now UTC);"
@@ -746,7 +748,7 @@ async def test_a_rule_whose_counters_changed_meaning_is_refused_everywhere(
         )
         with pytest.raises(RuleChanged, match="^" + re.escape(both)):
             await first.keep_rules(
-                _kept_rules_with(("zone: Asia/Shanghai", "zone: UTC"), more=lifetime)
+                _meaning_rules_with(("zone: Asia/Shanghai", "zone: UTC"), more=lifetime)
             )
     finally:
         for store in (first, second):
@@ -768,10 +770,31 @@ async def test_stores_started_together_keep_one_meaning_for_a_rule(store_url: st
             ),
             return_exceptions=True,
         )
-        kept = {zone for zone, outcome in zip(zones, outcomes, strict=True) if outcome is None}
+        taken = [isinstance(outcome, int) for outcome in outcomes]
+        kept = {zone for zone, took in zip(zones, taken, strict=True) if took}
         assert len(kept) == 1, outcomes  # whichever came first, and the others agree
-        refused = [o for o in outcomes if o is not None]
+        refused = [o for o, took in zip(outcomes, taken, strict=True) if not took]
         assert len(refused) == 3 and all(isinstance(o, RuleChanged) for o in refused), outcomes
     finally:
         for store in stores:
             await store.close()
+
+
+async def test_comparing_rules_with_a_store_writes_nothing(store_url: str) -> None:
+    (store,) = await handles(store_url, NOW)
+    try:
+        rules = _meaning_rules_with()  # two rules keep counters, one is a transaction rule
+        assert await store.keep_rules(rules, keep=False) == 0
+        assert await store.keep_rules(rules) == 0  # how many were kept before
+        assert await store.keep_rules(rules, keep=False) == 2
+        with pytest.raises(RuleChanged, match="rule 'day'"):
+            await store.keep_rules(
+                _meaning_rules_with(("zone: Asia/Shanghai", "zone: UTC")), keep=False
+            )
+        more = _meaning_rules_with(more="  - {id: new, window: year, max_count: 1}\n")
+        assert await store.keep_rules(more, keep=False) == 2
+        assert await store.keep_rules(more, keep=False) == 2  # still not kept
+        assert await store.keep_rules(more) == 2
+        assert await store.keep_rules(more) == 3
+    finally:
+        await store.close()

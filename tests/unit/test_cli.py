@@ -1583,6 +1583,10 @@ def test_a_rule_whose_counters_would_change_meaning_is_refused_before_any_event(
         " (its old counters then expire with their periods), or change it back"
     )
     assert not (tmp_path / "v1.jsonl").exists()  # refused before anything was decided
+    # `rules check --store` says so before a deployment, and writes nothing
+    checked = limitflow("rules", "check", str(moved), "--store", store, cwd=tmp_path)
+    assert checked.returncode == 2
+    assert one_line_reason(checked) == one_line_reason(refused)
     # `run` refuses it too, at start, before it waits for any broker
     started = limitflow(
         *("run", "--bootstrap-servers", f"127.0.0.1:{_closed_port()}", "--group-id", "g"),
@@ -1601,6 +1605,24 @@ def test_a_rule_whose_counters_would_change_meaning_is_refused_before_any_event(
     renamed = write(
         tmp_path / "renamed.yaml", [moved.read_text().replace("acct-day-2", "acct-day-sh")]
     )
+    checked = limitflow("rules", "check", str(renamed), "--store", store, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr.decode()
+    assert checked.stdout.decode().endswith(
+        f"{store}: takes these rules (none kept there yet, 1 new: its counters start from zero)\n"
+    )
+    with closing(sqlite3.connect(tmp_path / "state.db")) as db:
+        kept = db.execute("SELECT name FROM meta WHERE name LIKE 'rule:%'").fetchall()
+    assert kept == [("rule:acct-day-2",)]  # the check kept nothing
     again = limitflow(*args, "--rules", str(renamed), "--output", "v2.jsonl", cwd=tmp_path)
     assert again.returncode == 0, again.stderr.decode()
     assert [v["decision"] for v in jsonl((tmp_path / "v2.jsonl").read_bytes())] == ["accept"] * 2
+    checked = limitflow("rules", "check", str(renamed), "--store", store, cwd=tmp_path)
+    assert checked.stdout.decode().endswith(
+        f"{store}: takes these rules (1 rule kept there unchanged)\n"
+    )
+    missing = f"sqlite:///{tmp_path / 'none.db'}"
+    checked = limitflow("rules", "check", str(renamed), "--store", missing, cwd=tmp_path)
+    assert checked.stdout.decode().endswith(
+        f"{missing}: no store there yet: it will keep these rules\n"
+    )
+    assert not (tmp_path / "none.db").exists()
