@@ -339,11 +339,17 @@ def _rules_check(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
     _note_wide_rules(rules)
     if args.store is None:
         return EXIT_OK
-    path = _sqlite_file(args.store)
-    if args.store.startswith("memory:") or (path is not None and not os.path.exists(path)):
+    if _no_store_yet(args.store):
         print(f"{args.store}: no store there yet: it will keep these rules")
         return EXIT_OK
     return _rules_check_store(args.store, rules)
+
+
+def _no_store_yet(url: str) -> bool:
+    """Whether ``url`` names a store that holds nothing yet, known without opening it
+    (opening a sqlite file makes it): memory://, or a sqlite file not made yet."""
+    path = _sqlite_file(url)
+    return url.startswith("memory:") or (path is not None and not os.path.exists(path))
 
 
 async def _rules_check_store(url: str, rules: RuleSet) -> int:
@@ -409,6 +415,34 @@ async def _store_init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _store_forget_rule(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
+    if _no_store_yet(args.store):
+        print(f"{args.store}: keeps nothing for rule {args.rule_id!r}")
+        return EXIT_OK
+    return _forget_rule(args.store, args.rule_id)
+
+
+async def _forget_rule(url: str, rule_id: str) -> int:
+    from stores.base import Store, redacted
+
+    store = await open_ready_store(url, create=False)
+    assert isinstance(store, Store)
+    try:
+        forgotten = await store.forget_rule(rule_id)
+    except StoreError as exc:
+        raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
+    finally:
+        await store.close()
+    if not forgotten:
+        print(f"{redacted(url)}: keeps nothing for rule {rule_id!r}")
+    else:
+        print(
+            f"{redacted(url)}: forgot what the counters of rule {rule_id!r} hold"
+            f" ({_count(forgotten, 'window')}); the next start keeps the rules file's"
+        )
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -450,6 +484,15 @@ def build_parser() -> argparse.ArgumentParser:
     init = store_commands.add_parser("init", help="create tables, collections and indexes")
     init.add_argument("--store", required=True, help="state store URL")
     init.set_defaults(handler=_store_init)
+    forget = store_commands.add_parser(
+        "forget-rule",
+        help="forget what a rule's counters hold (its window, zone, currency and scope), so"
+        " that the next start keeps them anew: once its counters have expired, or for a"
+        " damaged record",
+    )
+    forget.add_argument("rule_id")
+    forget.add_argument("--store", required=True, help="state store URL")
+    forget.set_defaults(handler=_store_forget_rule)
 
     for register in EXTRA_COMMANDS:
         register(commands)

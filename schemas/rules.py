@@ -447,39 +447,46 @@ def _describe(data: Any, exc: msgspec.ValidationError) -> str:
     return message
 
 
-COUNTER_FIELDS: Final = ("window", "timezone", "currency", "scope")
-"""What a rule's counters hold, besides its id: changing any of these under one id would
-carry on from counters kept under the old meaning (another zone's periods, another
-currency's amounts, another field's values). Its limits and ``match`` may change."""
+COUNTER_FIELDS: Final = ("timezone", "currency", "scope")
+"""What a rule's counters of one window hold, besides the rule's id: changing any of these
+under one id would carry on from counters kept under the old meaning (another zone's
+periods, another currency's amounts, another field's values). The limits and ``match``
+may change; so may the window, whose periods are named apart from any other window's
+(``2026-03-14``, ``2026-W11``, ``2026-03``): a window new to an id starts from zero."""
 
 
 class RuleChanged(RulesError):
     """A rule's counters on the store were kept under another meaning (``counter_meaning``)."""
 
 
-def counter_meaning(rule: Rule) -> str | None:
-    """What ``rule``'s counters hold, as a store keeps it for the rule's id (compact JSON
-    of ``COUNTER_FIELDS``); None for a ``transaction`` rule, which keeps no counters."""
+def counter_meaning(rule: Rule) -> tuple[str, str] | None:
+    """What ``rule``'s counters hold, as a store keeps it: ``(key, meaning)``, the key
+    ``<rule id>:<window>`` and the meaning compact JSON of ``COUNTER_FIELDS``; None for a
+    ``transaction`` rule, which keeps no counters. (A rule id holds no ``:``.)"""
     if rule.window is Window.TRANSACTION:
         return None
     zone = None if rule.window is Window.LIFETIME else rule.timezone  # one period in any zone
-    meaning = {"window": rule.window.value, "timezone": zone, "currency": rule.currency}
-    return msgspec.json.encode({**meaning, "scope": list(rule.scope)}).decode()
+    meaning = {"timezone": zone, "currency": rule.currency, "scope": list(rule.scope)}
+    return f"{rule.id}:{rule.window.value}", msgspec.json.encode(meaning).decode()
 
 
 def check_kept_meanings(rules: RuleSet, kept: dict[str, str]) -> None:
     """Refuse (``RuleChanged``, naming every such rule) the rules whose counters a store
-    keeps under another meaning than theirs: ``kept`` maps rule ids to ``counter_meaning``
-    as the store has it. An unreadable kept meaning is a ``ValueError``."""
+    keeps under another meaning than theirs: ``kept`` maps the keys of ``counter_meaning``
+    to meanings as the store has them. A kept meaning that is not a JSON object is a
+    ``ValueError`` naming its key."""
     problems = []
     for rule in rules.rules:
-        meaning = counter_meaning(rule)
-        stored = kept.get(rule.id)
-        if meaning is None or stored is None or stored == meaning:
+        counter = counter_meaning(rule)
+        if counter is None or kept.get(counter[0], counter[1]) == counter[1]:
             continue
-        before = msgspec.json.decode(stored)
+        key, meaning = counter
+        try:
+            before = msgspec.json.decode(kept[key])
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"the meaning kept for {key!r} is not JSON ({exc})") from None
         if not isinstance(before, dict):
-            raise ValueError(f"the meaning kept for rule {rule.id!r} is not a JSON object")
+            raise ValueError(f"the meaning kept for {key!r} is not a JSON object")
         now = msgspec.json.decode(meaning)
         changed = [
             f"{name} {_shown(before.get(name))} (now {_shown(now[name])})"
@@ -488,12 +495,13 @@ def check_kept_meanings(rules: RuleSet, kept: dict[str, str]) -> None:
         ]
         if changed:  # else the same meaning, written another way
             problems.append(
-                f"rule {rule.id!r}: the store keeps its counters for {', '.join(changed)}"
+                f"rule {rule.id!r}: the store keeps its {rule.window.value} counters for"
+                f" {', '.join(changed)}"
             )
     if problems:
         raise RuleChanged(
             f"{'; '.join(problems)}. A rule's id names its counters: give a changed rule a"
-            " new id (its old counters then expire with their periods), or change it back"
+            " new id, or change it back"
         )
 
 

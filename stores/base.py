@@ -48,8 +48,8 @@ import msgspec
 import zstandard
 
 from handlers.state import Keys, Snapshot, Writes
-from limitflow.errors import StoreRejected
-from schemas.rules import RuleChanged, RuleSet, check_kept_meanings, counter_meaning
+from limitflow.errors import StoreRejected, StoreUnavailable
+from schemas.rules import RuleChanged, RuleSet, Window, check_kept_meanings, counter_meaning
 
 _MALFORMED = (
     struct.error,  # a packed memory record of the wrong size
@@ -239,28 +239,39 @@ class Store(abc.ABC):
 
     async def keep_rules(self, rules: RuleSet, *, keep: bool = True) -> int:
         """Keep what each rule's counters hold (``counter_meaning``) where this store has
-        nothing kept for its id yet, and refuse (``RuleChanged``) a rule whose counters
-        were kept under another meaning. Concurrent callers agree: the first to keep an
-        id's meaning wins, and the others compare against it. With ``keep=False``, only
-        compare (a rule new to the store passes). Returns how many of the rules' meanings
-        the store had kept before."""
-        meanings = {r.id: m for r in rules.rules if (m := counter_meaning(r)) is not None}
-        ids = list(meanings)
+        nothing kept for it yet, and refuse (``RuleChanged``) the rules whose counters were
+        kept under another meaning, before keeping anything. Concurrent callers agree: the
+        first to keep a meaning wins, and the others compare against it. With
+        ``keep=False``, only compare (a rule new to the store passes). Returns how many of
+        the rules' meanings the store had kept before."""
+        meanings = dict(filter(None, map(counter_meaning, rules.rules)))
+        keys = list(meanings)
         try:
-            kept = await self._read_meanings(ids) if ids else {}
+            kept = await self._read_meanings(keys) if keys else {}
+            check_kept_meanings(rules, kept)  # a refused start keeps nothing
             known = len(kept)
-            if keep and known < len(ids):
-                await self._add_meanings({i: m for i, m in meanings.items() if i not in kept})
-                kept = await self._read_meanings(ids)  # another writer's, if it came first
-            check_kept_meanings(rules, kept)
-        except _MALFORMED as exc:
-            if isinstance(exc, RuleChanged):
-                raise
+            if keep and known < len(keys):
+                await self._add_meanings({k: m for k, m in meanings.items() if k not in kept})
+                kept = await self._read_meanings(keys)  # another writer's, if it came first
+                check_kept_meanings(rules, kept)
+                if len(kept) < len(keys):
+                    raise StoreUnavailable(
+                        f"the store did not keep {', '.join(sorted(set(keys) - set(kept)))}"
+                    )
+        except RuleChanged:
+            raise
+        except ValueError as exc:  # what _read_meanings and check_kept_meanings refuse
             raise StoreRejected(
-                f"a kept rule meaning cannot be read ({type(exc).__name__}: {exc}); it was"
-                " not written by this version of limitflow, or it is damaged"
+                f"{exc}: it was not written by this version of limitflow, or it is damaged"
+                " (`limitflow store forget-rule` removes it)"
             ) from exc
         return known
+
+    async def forget_rule(self, rule_id: str) -> int:
+        """Forget what the counters of ``rule_id`` hold, in every window (the next start
+        with the rule keeps its meaning again); returns how many meanings were kept."""
+        keys = [f"{rule_id}:{w.value}" for w in Window if w is not Window.TRANSACTION]
+        return await self._forget_meanings(keys)
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most backends need it
         """Release connections."""
@@ -282,13 +293,18 @@ class Store(abc.ABC):
         """Raise ``StoreNotInitialized`` when ``_create`` has not been run."""
 
     @abc.abstractmethod
-    async def _read_meanings(self, ids: list[str]) -> dict[str, str]:
-        """The meanings stored for the rule ``ids`` that have one."""
+    async def _read_meanings(self, keys: list[str]) -> dict[str, str]:
+        """The meanings stored for those of ``keys`` (``counter_meaning``) that have one;
+        a stored one that is not text is a ``ValueError`` naming its record."""
 
     @abc.abstractmethod
     async def _add_meanings(self, meanings: dict[str, str]) -> None:
-        """Store each meaning of ``meanings`` (by rule id) unless one is stored for its id
-        already (then keep that one), atomically per id."""
+        """Store each meaning of ``meanings`` (by key) unless one is stored for its key
+        already (then keep that one), atomically per key."""
+
+    @abc.abstractmethod
+    async def _forget_meanings(self, keys: list[str]) -> int:
+        """Delete the meanings stored for ``keys``; how many there were."""
 
 
 _PLAIN_OPTIONS: Final = frozenset(

@@ -1,7 +1,7 @@
 """DynamoDB state store: one table, versioned all-or-nothing commits in ``TransactWriteItems``.
 
 Every record is one item of the table ``{PREFIX}-state`` keyed by ``pk``: ``b#<bucket key>``,
-``a#<account id>`` or ``e#<event id>`` (and ``r#<rule id>``: what each rule's counters hold,
+``a#<account id>`` or ``e#<event id>`` (and ``r#<rule id>:<window>``: what a rule's counters hold,
 see ``Store.keep_rules``), so one ``BatchGetItem`` reads all three kinds of record (see
 docs/dynamodb.md for why one table rather than three). Each item holds its ``version``;
 a commit puts every record with ``version = v`` under the condition that the stored version
@@ -81,8 +81,9 @@ _CANCEL_THROTTLED = {"ThrottlingError", "ProvisionedThroughputExceeded", "Reques
 
 BUCKET, ACCOUNT, EVENT = "b#", "a#", "e#"
 RULE = "r#"
-"""What a rule's counters hold (``Store.keep_rules``): ``r#<rule id>`` with ``meaning``,
-put once and never expiring; only ``_read_meanings`` reads these items."""
+"""What a rule's counters hold (``Store.keep_rules``): ``r#<rule id>:<window>`` with
+``meaning``, put once, never expiring, deleted by ``store forget-rule``; only
+``_read_meanings`` reads these items."""
 
 
 def _n(value: int) -> dict[str, str]:
@@ -456,29 +457,54 @@ class DynamoStore(Store):
             f"DynamoDB left keys unprocessed after {_UNPROCESSED_RETRIES} retries (throttled)"
         )
 
-    async def _read_meanings(self, ids: list[str]) -> dict[str, str]:
-        items = await self._get_all(await self._dynamodb(), [RULE + rule_id for rule_id in ids])
-        return {item["pk"]["S"].removeprefix(RULE): item["meaning"]["S"] for item in items}
+    async def _read_meanings(self, keys: list[str]) -> dict[str, str]:
+        kept: dict[str, str] = {}
+        for item in await self._get_all(await self._dynamodb(), [RULE + key for key in keys]):
+            meaning = item.get("meaning", {}).get("S")
+            if not isinstance(meaning, str):
+                raise ValueError(f"item {item['pk']['S']!r} holds no text meaning")
+            kept[item["pk"]["S"].removeprefix(RULE)] = meaning
+        return kept
 
     async def _add_meanings(self, meanings: dict[str, str]) -> None:
-        client = await self._dynamodb()
+        # one transaction each (no other action than the commits' is needed): a key
+        # kept already fails its condition, and another member's meaning stays
+        await asyncio.gather(*(self._rule_item("Put", k, m) for k, m in meanings.items()))
 
-        async def add(rule_id: str, meaning: str) -> None:
+    async def _forget_meanings(self, keys: list[str]) -> int:
+        return sum(await asyncio.gather(*(self._rule_item("Delete", key) for key in keys)))
+
+    async def _rule_item(self, action: str, key: str, meaning: str | None = None) -> int:
+        """Put the meaning of ``key`` where none is kept, or delete the one kept: 1 if done,
+        0 if the item was there already (a put), or not there (a delete)."""
+        pk = {"pk": {"S": RULE + key}}
+        if action == "Put":
+            request: dict[str, Any] = {"Item": {**pk, "meaning": {"S": meaning}}}
+            request["ConditionExpression"] = "attribute_not_exists(pk)"
+        else:
+            request = {"Key": pk, "ConditionExpression": "attribute_exists(pk)"}
+        client = await self._dynamodb()
+        attempt = 0
+        while True:
             self.round_trips += 1
             try:
-                await client.put_item(
-                    TableName=self.table,
-                    Item={"pk": {"S": RULE + rule_id}, "meaning": {"S": meaning}},
-                    ConditionExpression="attribute_not_exists(pk)",
+                await client.transact_write_items(
+                    TransactItems=[{action: {"TableName": self.table, **request}}]
                 )
+                return 1
             except ClientError as exc:
-                # another member's, if it got there first, stays
-                if _error_code(exc) != "ConditionalCheckFailedException":
-                    raise translate(exc, "PutItem") from exc
+                cancelled = _error_code(exc) == "TransactionCanceledException"
+                reasons = exc.response.get("CancellationReasons") or [{}]
+                code = reasons[0].get("Code") if cancelled else None
+                if code == "ConditionalCheckFailed":
+                    return 0
+                if code != "TransactionConflict" or attempt == _UNPROCESSED_RETRIES:
+                    raise translate(exc, "TransactWriteItems") from exc
             except _DRIVER_ERRORS as exc:
-                raise translate(exc, "PutItem") from exc
-
-        await asyncio.gather(*(add(rule_id, m) for rule_id, m in meanings.items()))
+                raise translate(exc, "TransactWriteItems") from exc
+            # another member's start, writing the same item: try again after it
+            await asyncio.sleep(random.uniform(0, min(2.0, 0.025 * 2**attempt)))  # noqa: S311
+            attempt += 1
 
     async def _write(self, writes: Writes, expected: Expected) -> None:
         if len(writes) > MAX_TRANSACT_ITEMS:

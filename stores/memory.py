@@ -74,13 +74,16 @@ class MemoryStore(Store):
         """Store ``bucket`` as it is, with no checks (for tests and tools)."""
         self.data.buckets[key] = _pack_bucket(bucket)
 
-    async def _read_meanings(self, ids: list[str]) -> dict[str, str]:
+    async def _read_meanings(self, keys: list[str]) -> dict[str, str]:
         kept = self.data.rules
-        return {rule_id: kept[rule_id] for rule_id in ids if rule_id in kept}
+        return {key: kept[key] for key in keys if key in kept}
 
     async def _add_meanings(self, meanings: dict[str, str]) -> None:
-        for rule_id, meaning in meanings.items():
-            self.data.rules.setdefault(rule_id, meaning)
+        for key, meaning in meanings.items():
+            self.data.rules.setdefault(key, meaning)
+
+    async def _forget_meanings(self, keys: list[str]) -> int:
+        return sum(self.data.rules.pop(key, None) is not None for key in keys)
 
     async def _read(self, keys: Keys) -> Snapshot:
         self.round_trips += 1
@@ -166,7 +169,7 @@ class MemoryData:
     codec: Codec | None = None
     """Made at the first commit of event records, from the richest of their verdicts."""
     rules: dict[str, str] = field(default_factory=dict)
-    """What each rule's counters hold, by rule id (``Store.keep_rules``)."""
+    """What each rule's counters hold, by ``<rule id>:<window>`` (``Store.keep_rules``)."""
 
 
 _encode = msgspec.msgpack.Encoder().encode

@@ -67,7 +67,7 @@ Document = dict[str, Any]
 DEFAULT_DATABASE = "limitflow"
 BUCKETS, ACCOUNTS, EVENTS = "buckets", "accounts", "events"
 RULES = "rules"
-"""What each rule's counters hold, by rule id (``Store.keep_rules``): ``{_id, meaning}``.
+"""What each rule's counters hold (``Store.keep_rules``): ``{_id: <rule id>:<window>, meaning}``.
 Made by ``store init``, or by the first insert into a database initialised before it."""
 EXPIRING = (BUCKETS, EVENTS)
 """Collections with a TTL index on ``expires_at`` (account sequences never expire)."""
@@ -185,24 +185,24 @@ class MongoStore(Store):
             found.extend(await cursor.to_list())
         return found
 
-    async def _read_meanings(self, ids: list[str]) -> dict[str, str]:
+    async def _read_meanings(self, keys: list[str]) -> dict[str, str]:
         try:
-            found = await self._find(RULES, ids)
+            found = await self._find(RULES, keys)
         except PyMongoError as exc:
             raise _translate(exc) from exc
         kept: dict[str, str] = {}
         for doc in found:
-            if not isinstance(doc["meaning"], str):
-                raise TypeError(f"rules document {doc['_id']!r} has no text meaning")
-            kept[doc["_id"]] = doc["meaning"]
+            meaning = doc.get("meaning")
+            if not isinstance(meaning, str):
+                raise ValueError(f"{RULES} document {doc['_id']!r} holds no text meaning")
+            kept[doc["_id"]] = meaning
         return kept
 
     async def _add_meanings(self, meanings: dict[str, str]) -> None:
         self.round_trips += 1
         try:
             await self._collection(RULES).insert_many(
-                [{"_id": rule_id, "meaning": m} for rule_id, m in meanings.items()],
-                ordered=False,
+                [{"_id": key, "meaning": m} for key, m in meanings.items()], ordered=False
             )
         except BulkWriteError as exc:  # another member's, if it got there first, stays
             details = exc.details
@@ -212,6 +212,14 @@ class MongoStore(Store):
                 raise _translate(exc) from exc
         except PyMongoError as exc:
             raise _translate(exc) from exc
+
+    async def _forget_meanings(self, keys: list[str]) -> int:
+        self.round_trips += 1
+        try:
+            done = await self._collection(RULES).delete_many({"_id": {"$in": keys}})
+        except PyMongoError as exc:
+            raise _translate(exc) from exc
+        return done.deleted_count
 
     # -- writes ------------------------------------------------------------------------
 

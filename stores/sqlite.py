@@ -87,7 +87,7 @@ from the first verdict the file stores, never changed (every process that opens 
 file reads it once), and left out of expiry (it holds nothing that names an event)."""
 _RULE: Final = "rule:"
 """The start of the ``meta`` rows of what each rule's counters hold (``Store.keep_rules``):
-``rule:<id>``, kept for good (they are small, and name no event)."""
+``rule:<id>:<window>``, kept until ``store forget-rule`` (small, and naming no event)."""
 _ADDED_COLUMNS: Final = (("buckets", "born INTEGER"), ("events", "born TEXT"))
 """Columns added since the first schema: ``init`` adds them to a file made before (its
 rows read them as NULL: a bucket's life and a record's list not known)."""
@@ -328,10 +328,10 @@ class SqliteStore(Store):
         if not {"buckets", "accounts", "events"} <= names:
             raise StoreNotInitialized(f"{self.path} has no limitflow tables")
 
-    async def _read_meanings(self, ids: list[str]) -> dict[str, str]:
+    async def _read_meanings(self, keys: list[str]) -> dict[str, str]:
         kept: dict[str, str] = {}
         try:
-            for chunk in _chunks(_RULE + rule_id for rule_id in ids):
+            for chunk in _chunks(_RULE + key for key in keys):
                 marks = ",".join("?" * len(chunk))
                 for name, value in self._db.execute(
                     f"SELECT name, value FROM meta WHERE name IN ({marks})",  # noqa: S608
@@ -349,22 +349,32 @@ class SqliteStore(Store):
         return kept
 
     async def _add_meanings(self, meanings: dict[str, str]) -> None:
+        self._in_meta(
+            "INSERT OR IGNORE INTO meta VALUES (?, ?)",  # another process's, if first, stays
+            [(_RULE + key, meaning) for key, meaning in meanings.items()],
+        )
+
+    async def _forget_meanings(self, keys: list[str]) -> int:
+        return self._in_meta("DELETE FROM meta WHERE name = ?", [(_RULE + k,) for k in keys])
+
+    def _in_meta(self, statement: str, rows: list[tuple[str, ...]]) -> int:
+        """Run ``statement`` for each of ``rows`` in one write transaction on ``meta``;
+        how many rows it changed."""
         db = self._db
         try:
             self._begin_immediate()
             try:
                 db.execute(_META_SCHEMA)
-                db.executemany(  # another process's, if it got there first, stays
-                    "INSERT OR IGNORE INTO meta VALUES (?, ?)",
-                    [(_RULE + rule_id, meaning) for rule_id, meaning in meanings.items()],
-                )
+                changed = db.executemany(statement, rows).rowcount
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+            error = _translate(exc)
+            raise type(error)(f"keeping the rules' meanings: {error}") from exc
+        return changed
 
     async def _read(self, keys: Keys) -> Snapshot:
         snapshot = Snapshot()

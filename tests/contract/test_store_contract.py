@@ -15,7 +15,7 @@ import pytest
 from benchmarks.generate import events as generated_events
 from handlers.decide import MAX_APPLICABLE_RULES, MAX_KEY_BYTES, Decider, OutcomeKind
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, WorkingState, Writes
-from limitflow.errors import ConflictError
+from limitflow.errors import ConflictError, StoreRejected
 from schemas.events import EventType
 from schemas.rules import RuleChanged, RuleSet, load_rules, parse_rules
 from stores import open_store
@@ -687,7 +687,7 @@ async def test_a_payment_stored_before_lives_were_kept_is_released_by_its_revers
         await store.close()
 
 
-# -- what a rule's counters hold, kept for its id ----------------------------------------
+# -- what a rule's counters hold, kept for its id and window ------------------------------
 
 _MEANING_RULES = """
 rules:
@@ -695,6 +695,8 @@ rules:
   - {id: card, window: month, scope: [card_id, channel], max_count: 3}
   - {id: big, window: transaction, currency: CNY, max_amount: "50.00"}
 """
+_KEEPS = "the store keeps its"
+_NEW_YEAR = "  - {id: new, window: year, max_count: 1}\n"
 
 
 def _meaning_rules_with(*changes: tuple[str, str], more: str = "") -> RuleSet:
@@ -713,46 +715,83 @@ async def test_a_rule_whose_counters_changed_meaning_is_refused_everywhere(
         await first.keep_rules(_meaning_rules_with())
         # limits and matches change in place; a rule added later is kept from then on
         limits = ('"100.00"', '"80.00"'), ("3}", "3, match: {channel: [atm]}}")
-        year = "  - {id: new, window: year, max_count: 1}\n"
-        await second.keep_rules(_meaning_rules_with(*limits, more=year))
-        # so does a transaction rule, which keeps no counters
+        await second.keep_rules(_meaning_rules_with(*limits, more=_NEW_YEAR))
+        # so does a transaction rule, which keeps no counters, and a window: its periods
+        # are named apart, and the meaning of the month's counters stays kept
         await first.keep_rules(
             _meaning_rules_with(('CNY, max_amount: "50', 'USD, max_amount: "50'))
         )
+        await first.keep_rules(_meaning_rules_with(("window: month", "window: week")))
         for change, said in [
             (
                 ("zone: Asia/Shanghai", "zone: UTC"),
-                "rule 'day': the store keeps its counters for timezone Asia/Shanghai (now UTC).",
+                "rule 'day': {} day counters for timezone Asia/Shanghai (now UTC).",
             ),
             (
                 ('CNY, max_amount: "100', 'USD, max_amount: "100'),
-                "rule 'day': the store keeps its counters for currency CNY (now USD).",
-            ),
-            (
-                ("window: month", "window: week"),
-                "rule 'card': the store keeps its counters for window month (now week).",
+                "rule 'day': {} day counters for currency CNY (now USD).",
             ),
             (
                 ("[card_id, channel]", "[channel, card_id]"),
-                "rule 'card': the store keeps its counters for scope [card_id, channel]"
+                "rule 'card': {} month counters for scope [card_id, channel]"
                 " (now [channel, card_id]).",
             ),
         ]:
-            with pytest.raises(RuleChanged, match="^" + re.escape(said)):
+            with pytest.raises(RuleChanged, match="^" + re.escape(said.format(_KEEPS))):
                 await second.keep_rules(_meaning_rules_with(change))
         lifetime = "  - {id: new, window: lifetime, scope: card_id, max_count: 1}\n"
+        await first.keep_rules(_meaning_rules_with(more=lifetime))  # a window new to 'new'
         both = (  # every changed rule, in one message
-            "rule 'day': the store keeps its counters for timezone Asia/Shanghai (now UTC);"
-            " rule 'new': the store keeps its counters for window year (now lifetime),"
-            " timezone UTC (now none), scope [account_id] (now [card_id]). A rule's id"
+            f"rule 'day': {_KEEPS} day counters for timezone Asia/Shanghai (now UTC);"
+            f" rule 'new': {_KEEPS} year counters for scope [account_id] (now [card_id])."
+            " A rule's id names its counters: give a changed rule a new id, or change it back"
         )
-        with pytest.raises(RuleChanged, match="^" + re.escape(both)):
+        with pytest.raises(RuleChanged, match="^" + re.escape(both) + "$"):
+            changed = ("zone: Asia/Shanghai", "zone: UTC")
             await first.keep_rules(
-                _meaning_rules_with(("zone: Asia/Shanghai", "zone: UTC"), more=lifetime)
+                _meaning_rules_with(
+                    changed, more=_NEW_YEAR.replace("year,", "year, scope: card_id,")
+                )
             )
     finally:
         for store in (first, second):
             await store.close()
+
+
+async def test_a_refused_start_keeps_nothing_and_a_forgotten_rule_is_kept_again(
+    store_url: str,
+) -> None:
+    (store,) = await handles(store_url, NOW)
+    try:
+        await store.keep_rules(_meaning_rules_with())
+        # refused for 'day': the meaning of the file's new rule is not kept either, or the
+        # file put right ('new' in another zone) would be refused for a rule never used
+        with pytest.raises(RuleChanged, match="rule 'day'"):
+            await store.keep_rules(
+                _meaning_rules_with(("zone: Asia/Shanghai", "zone: UTC"), more=_NEW_YEAR)
+            )
+        tokyo = _NEW_YEAR.replace("year,", "year, timezone: Asia/Tokyo,")
+        assert await store.keep_rules(_meaning_rules_with(more=tokyo)) == 2
+        # forgotten (its counters expired, or its record damaged), a rule is kept anew
+        assert await store.forget_rule("day") == 1
+        assert await store.forget_rule("day") == 0
+        assert (
+            await store.keep_rules(
+                _meaning_rules_with(("zone: Asia/Shanghai", "zone: UTC"), more=tokyo)
+            )
+            == 2
+        )
+        assert (
+            await store.keep_rules(
+                _meaning_rules_with(("zone: Asia/Shanghai", "zone: UTC"), more=tokyo)
+            )
+            == 3
+        )
+        with pytest.raises(RuleChanged, match="rule 'day'"):
+            await store.keep_rules(_meaning_rules_with())
+        assert await store.forget_rule("card") == 1  # its month's: every window of the id
+    finally:
+        await store.close()
 
 
 async def test_stores_started_together_keep_one_meaning_for_a_rule(store_url: str) -> None:
@@ -791,10 +830,46 @@ async def test_comparing_rules_with_a_store_writes_nothing(store_url: str) -> No
             await store.keep_rules(
                 _meaning_rules_with(("zone: Asia/Shanghai", "zone: UTC")), keep=False
             )
-        more = _meaning_rules_with(more="  - {id: new, window: year, max_count: 1}\n")
+        more = _meaning_rules_with(more=_NEW_YEAR)
         assert await store.keep_rules(more, keep=False) == 2
         assert await store.keep_rules(more, keep=False) == 2  # still not kept
         assert await store.keep_rules(more) == 2
         assert await store.keep_rules(more) == 3
+    finally:
+        await store.close()
+
+
+async def damage_meaning(store: Store, key: str) -> str:
+    """Store a meaning that is not text under ``key``, as a hand edit would; what the
+    refusal names."""
+    if isinstance(store, MemoryStore):
+        store.data.rules[key] = "[1]"
+        return f"the meaning kept for {key!r} is not a JSON object"
+    if isinstance(store, SqliteStore):
+        with closing(sqlite3.connect(store.path, isolation_level=None)) as db:
+            db.execute("UPDATE meta SET value = 7 WHERE name = ?", (f"rule:{key}",))
+        return f"meta row 'rule:{key}' holds int"
+    if isinstance(store, MongoStore):
+        rules = store.client[store.database_name]["rules"]
+        assert (await rules.update_one({"_id": key}, {"$set": {"meaning": 7}})).modified_count
+        return f"rules document {key!r} holds no text meaning"
+    assert isinstance(store, DynamoStore)
+    client = await store._dynamodb()
+    item = {"pk": {"S": f"r#{key}"}, "meaning": {"N": "7"}}
+    await client.put_item(TableName=store.table, Item=item)
+    return f"item 'r#{key}' holds no text meaning"
+
+
+async def test_a_damaged_kept_meaning_is_refused_by_name_until_forgotten(store_url: str) -> None:
+    (store,) = await handles(store_url, NOW)
+    try:
+        rules = _meaning_rules_with()
+        await store.keep_rules(rules)
+        said = await damage_meaning(store, "card:month")
+        with pytest.raises(StoreRejected, match="^" + re.escape(said) + ".*forget-rule"):
+            await store.keep_rules(rules)
+        assert await store.forget_rule("card") == 1
+        assert await store.keep_rules(rules) == 1  # kept anew, from the rules
+        assert await store.keep_rules(rules, keep=False) == 2
     finally:
         await store.close()

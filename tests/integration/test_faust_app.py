@@ -522,7 +522,7 @@ async def test_a_rule_whose_counters_would_change_meaning_stops_the_worker(
         worker.kill()
     log = worker.log.read_text()
     assert code == 1, log[-3000:]
-    assert "the store keeps its counters for timezone Asia/Tokyo (now Asia/Shanghai)" in log
+    assert "the store keeps its day counters for timezone Asia/Tokyo (now Asia/Shanghai)" in log
     consumer = AIOKafkaConsumer(
         topics.output, bootstrap_servers=kafka.bootstrap_servers, auto_offset_reset="earliest"
     )

@@ -1578,9 +1578,9 @@ def test_a_rule_whose_counters_would_change_meaning_is_refused_before_any_event(
     refused = limitflow(*args, "--rules", str(moved), "--output", "v1.jsonl", cwd=tmp_path)
     assert refused.returncode == 2
     assert one_line_reason(refused) == (
-        "limitflow: rules: rule 'acct-day-2': the store keeps its counters for timezone UTC"
-        " (now Asia/Shanghai). A rule's id names its counters: give a changed rule a new id"
-        " (its old counters then expire with their periods), or change it back"
+        "limitflow: rules: rule 'acct-day-2': the store keeps its day counters for timezone"
+        " UTC (now Asia/Shanghai). A rule's id names its counters: give a changed rule a new"
+        " id, or change it back"
     )
     assert not (tmp_path / "v1.jsonl").exists()  # refused before anything was decided
     # `rules check --store` says so before a deployment, and writes nothing
@@ -1595,10 +1595,7 @@ def test_a_rule_whose_counters_would_change_meaning_is_refused_before_any_event(
         cwd=tmp_path,
     )
     assert started.returncode == 2
-    assert (
-        "rule 'acct-day-2': the store keeps its counters for timezone UTC"
-        in started.stderr.decode()
-    )
+    assert "rule 'acct-day-2': the store keeps its day counters for" in started.stderr.decode()
     # under a new id, the rule counts from zero (the old id's day holds two already)
     more = write(tmp_path / "more.jsonl", [pay("p3"), pay("p4")])
     args[args.index(str(source))] = str(more)
@@ -1612,7 +1609,7 @@ def test_a_rule_whose_counters_would_change_meaning_is_refused_before_any_event(
     )
     with closing(sqlite3.connect(tmp_path / "state.db")) as db:
         kept = db.execute("SELECT name FROM meta WHERE name LIKE 'rule:%'").fetchall()
-    assert kept == [("rule:acct-day-2",)]  # the check kept nothing
+    assert kept == [("rule:acct-day-2:day",)]  # the check kept nothing
     again = limitflow(*args, "--rules", str(renamed), "--output", "v2.jsonl", cwd=tmp_path)
     assert again.returncode == 0, again.stderr.decode()
     assert [v["decision"] for v in jsonl((tmp_path / "v2.jsonl").read_bytes())] == ["accept"] * 2
@@ -1626,3 +1623,11 @@ def test_a_rule_whose_counters_would_change_meaning_is_refused_before_any_event(
         f"{missing}: no store there yet: it will keep these rules\n"
     )
     assert not (tmp_path / "none.db").exists()
+    # once the old day's counters have expired, the id may be used again in another zone
+    forgot = limitflow("store", "forget-rule", "acct-day-2", "--store", store, cwd=tmp_path)
+    assert forgot.stdout.decode() == (
+        f"{store}: forgot what the counters of rule 'acct-day-2' hold (1 window);"
+        " the next start keeps the rules file's\n"
+    )
+    checked = limitflow("rules", "check", str(moved), "--store", store, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr.decode()

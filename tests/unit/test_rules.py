@@ -547,41 +547,44 @@ def test_a_key_yaml_would_read_as_something_else_is_refused_by_name() -> None:
     assert message.startswith("rule 'r1': match: yes would be read as true")
 
 
-def test_a_rule_s_counters_mean_its_window_zone_currency_and_scope() -> None:
-    kept = {r.id: counter_meaning(r) for r in parse_rules(VALID).rules}
+def test_a_rule_s_counters_of_a_window_mean_its_zone_currency_and_scope() -> None:
+    kept = dict(counter_meaning(r) or (r.id, None) for r in parse_rules(VALID).rules)
     assert kept == {
-        "acct-day-cny": '{"window":"day","timezone":"Asia/Shanghai","currency":"CNY",'
-        '"scope":["account_id"]}',
-        "card.merchant_hour-1": '{"window":"hour","timezone":"UTC","currency":null,'
+        "acct-day-cny:day": '{"timezone":"Asia/Shanghai","currency":"CNY","scope":["account_id"]}',
+        "card.merchant_hour-1:hour": '{"timezone":"UTC","currency":null,'
         '"scope":["card_id","merchant_id"]}',
-        "atm-week-jpy": '{"window":"week","timezone":"UTC","currency":"JPY",'
-        '"scope":["account_id"]}',
+        "atm-week-jpy:week": '{"timezone":"UTC","currency":"JPY","scope":["account_id"]}',
         "single-kwd": None,  # a transaction rule keeps no counters
     }
     lifetime = parse_rules("rules: [{id: l, window: lifetime, timezone: Asia/Tokyo, max_count: 1}]")
     assert counter_meaning(lifetime.rules[0]) == (  # one period, in any zone
-        '{"window":"lifetime","timezone":null,"currency":null,"scope":["account_id"]}'
+        "l:lifetime",
+        '{"timezone":null,"currency":null,"scope":["account_id"]}',
     )
 
 
 def test_kept_meanings_refuse_only_what_changes_a_counter() -> None:
-    kept = {r.id: m for r in parse_rules(VALID).rules if (m := counter_meaning(r))}
-    kept["gone"] = '{"window":"year"}'  # a rule no longer in the file: not looked at
+    kept = dict(filter(None, map(counter_meaning, parse_rules(VALID).rules)))
+    kept["gone:year"] = '{"timezone":"UTC"}'  # a rule no longer in the file: not looked at
     check_kept_meanings(parse_rules(VALID), kept)
-    # limits, matches, descriptions and transaction rules change in place
+    # limits, matches, descriptions and transaction rules change in place; so does a
+    # window, whose periods are named apart from the old window's
     edited = VALID.replace("max_count: 6", "max_count: 2").replace("[atm, kiosk]", "[atm]")
-    check_kept_meanings(parse_rules(edited.replace("KWD", "USD").replace("1.5", "1")), kept)
+    edited = edited.replace("KWD", "USD").replace("1.5", "1").replace("window: day", "window: week")
+    check_kept_meanings(parse_rules(edited), kept)
     # the same meaning written another way (another order, by another version) is the same
-    kept["acct-day-cny"] = (
-        '{"scope":["account_id"],"currency":"CNY","timezone":"Asia/Shanghai","window":"day"}'
+    kept["acct-day-cny:day"] = (
+        '{"scope":["account_id"],"currency":"CNY","timezone":"Asia/Shanghai"}'
     )
     check_kept_meanings(parse_rules(VALID), kept)
     with pytest.raises(RuleChanged) as refused:
         check_kept_meanings(parse_rules(VALID.replace("[card_id, merchant_id]", "card_id")), kept)
-    assert str(refused.value).startswith(
-        "rule 'card.merchant_hour-1': the store keeps its counters for scope"
-        " [card_id, merchant_id] (now [card_id]). A rule's id names its counters"
+    assert str(refused.value) == (
+        "rule 'card.merchant_hour-1': the store keeps its hour counters for scope"
+        " [card_id, merchant_id] (now [card_id]). A rule's id names its counters: give a"
+        " changed rule a new id, or change it back"
     )
-    kept["acct-day-cny"] = "[1]"
-    with pytest.raises(ValueError, match="not a JSON object"):
-        check_kept_meanings(parse_rules(VALID), kept)
+    for damaged, said in [("[1]", "not a JSON object"), ("{", "not JSON")]:
+        kept["acct-day-cny:day"] = damaged
+        with pytest.raises(ValueError, match=f"meaning kept for 'acct-day-cny:day' is {said}"):
+            check_kept_meanings(parse_rules(VALID), kept)

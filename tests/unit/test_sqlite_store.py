@@ -4,7 +4,9 @@ tests/contract."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import re
 import sqlite3
 from collections.abc import Callable
 from contextlib import closing
@@ -41,18 +43,49 @@ def _open(path: str, barrier: Barrier, results: multiprocessing.Queue[str]) -> N
         results.put(repr(exc))
 
 
-def _open_together(path: str) -> list[str]:
-    """What each of ``OPENERS`` processes that open and init ``path`` at once saw."""
+def _keep(path: str, zone: str, barrier: Barrier, results: multiprocessing.Queue[str]) -> None:
+    import asyncio
+
+    store = SqliteStore(path)
+    rules = parse_rules(f"rules: [{{id: r, window: day, timezone: {zone}, max_count: 1}}]")
+    barrier.wait()
+    try:
+        asyncio.run(store.keep_rules(rules))
+        results.put(zone)
+    except Exception as exc:  # reported to the test, which names it
+        results.put(repr(exc))
+    finally:
+        asyncio.run(store.close())
+
+
+def _open_together(path: str, target: Callable[..., None] = _open, *args: object) -> list[str]:
+    """What each of ``OPENERS`` processes that run ``target`` on ``path`` at once saw: the
+    ``n``-th process is given ``args[n % len(args)]`` too, if there are ``args``."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(OPENERS)
     results: multiprocessing.Queue[str] = ctx.Queue()
-    procs = [ctx.Process(target=_open, args=(path, barrier, results)) for _ in range(OPENERS)]
+    given = [(path, args[n % len(args)]) if args else (path,) for n in range(OPENERS)]
+    procs = [ctx.Process(target=target, args=(*a, barrier, results)) for a in given]
     for p in procs:
         p.start()
     outcomes = [results.get(timeout=60) for _ in procs]
     for p in procs:
         p.join(timeout=60)
     return outcomes
+
+
+async def test_processes_starting_together_keep_one_meaning_for_a_rule(tmp_path: Path) -> None:
+    for n in range(ROUNDS // 2):
+        path = str(tmp_path / f"store-{n}.db")
+        made = SqliteStore(path)
+        await made.init()
+        await made.close()
+        outcomes = _open_together(path, _keep, "UTC", "Asia/Tokyo")
+        kept = {o for o in outcomes if not o.startswith("RuleChanged")}
+        assert len(kept) == 1 and outcomes.count(kept.copy().pop()) == OPENERS // 2, outcomes
+        with closing(sqlite3.connect(path)) as db:
+            (stored,) = db.execute("SELECT value FROM meta WHERE name = 'rule:r:day'").fetchone()
+        assert kept == {json.loads(stored)["timezone"]}
 
 
 def test_processes_opening_a_new_file_together_all_succeed(tmp_path: Path) -> None:
@@ -92,7 +125,11 @@ async def test_an_account_sequence_that_is_not_an_integer_is_refused(
 
 @pytest.mark.parametrize(
     ("value", "said"),
-    [("x'7b7d'", "holds bytes"), ("'[1]'", "not a JSON object"), ("'{'", "DecodeError")],
+    [
+        ("x'7b7d'", "meta row 'rule:day:day' holds bytes"),
+        ("'[1]'", "the meaning kept for 'day:day' is not a JSON object"),
+        ("'{'", "the meaning kept for 'day:day' is not JSON"),
+    ],
 )
 async def test_a_kept_rule_meaning_edited_by_hand_is_refused(
     tmp_path: Path, value: str, said: str
@@ -106,8 +143,10 @@ async def test_a_kept_rule_meaning_edited_by_hand_is_refused(
         with closing(sqlite3.connect(path, isolation_level=None)) as db:
             edited = db.execute(f"UPDATE meta SET value = {value} WHERE name LIKE 'rule:%'")
             assert edited.rowcount == 1
-        with pytest.raises(StoreRejected, match=f"kept rule meaning cannot be read.*{said}"):
+        with pytest.raises(StoreRejected, match=f"^{re.escape(said)}.*or it is damaged"):
             await store.keep_rules(rules)
+        assert await store.forget_rule("day") == 1  # what the message says to do
+        assert await store.keep_rules(rules) == 0
     finally:
         await store.close()
 
