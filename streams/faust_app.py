@@ -256,6 +256,27 @@ async def open_engine(settings: FaustSettings, rules: RuleSet) -> Engine:
     return Engine(Decider(rules), store)
 
 
+def check_store(settings: FaustSettings, rules: RuleSet) -> None:
+    """Open the store once before faust starts, as ``limitflow run`` opens it at start, and
+    close it: a store that cannot be reached or is not initialised, or a rule whose
+    counters it keeps under another meaning, is then a ``CommandFailed`` (one line and
+    ``run``'s exit code) rather than the agent's crash. On an event loop of its own, left
+    as faust found it."""
+    from limitflow.cli import open_ready_store
+    from stores.sqlite import CONSUMER_LOCK_WAIT
+
+    async def opened_and_closed() -> None:
+        store = await open_ready_store(settings.store, rules, lock_wait=CONSUMER_LOCK_WAIT)
+        assert isinstance(store, Store)
+        await store.close()
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(opened_and_closed())
+    finally:
+        loop.close()
+
+
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
@@ -438,12 +459,19 @@ def build_app(settings: FaustSettings) -> faust.App:
 def __getattr__(name: str) -> Any:
     """``streams.faust_app.app``, built from the environment on first access."""
     if name == "app":
+        from limitflow.cli import CommandFailed
+
         try:
-            app = build_app(FaustSettings.from_env(os.environ))
+            settings = FaustSettings.from_env(os.environ)
+            app = build_app(settings)
+            check_store(settings, load_checked_rules(settings.rules))
         except (ConfigError, RulesError) as exc:
             # one line for a bad variable or rules file, as `limitflow run` gives
             print(f"limitflow: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
+        except CommandFailed as exc:  # the store, as `limitflow run` says it
+            print(f"limitflow: {exc}", file=sys.stderr)
+            raise SystemExit(exc.code) from None
         for variable in unknown_variables(os.environ):
             log.warning("%s is not a limitflow setting: ignored (misspelt?)", variable)
         globals()["app"] = app

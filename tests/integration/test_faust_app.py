@@ -521,8 +521,11 @@ async def test_a_rule_whose_counters_would_change_meaning_stops_the_worker(
     finally:
         worker.kill()
     log = worker.log.read_text()
-    assert code == 1, log[-3000:]
-    assert "the store keeps its day counters for timezone Asia/Tokyo (now Asia/Shanghai)" in log
+    assert code == 2, log[-3000:]
+    first = log.splitlines()[0]  # one line, as `limitflow run` says it, and no traceback
+    assert first.startswith("limitflow: rules: rule 'acct-day-cny': the store keeps its day")
+    assert "counters for timezone Asia/Tokyo (now Asia/Shanghai)" in first
+    assert "Traceback" not in log
     consumer = AIOKafkaConsumer(
         topics.output, bootstrap_servers=kafka.bootstrap_servers, auto_offset_reset="earliest"
     )

@@ -215,6 +215,29 @@ def test_a_faust_worker_with_a_bad_setting_says_so_in_one_line(tmp_path: Path) -
     ]
 
 
+def test_a_faust_worker_whose_store_is_unusable_says_so_in_one_line(tmp_path: Path) -> None:
+    # the store was opened only by the agent, which crashed the worker (exit 1) in a page
+    # of tracebacks: now it is opened before faust starts, and said as `limitflow run` does
+    (tmp_path / "rules.yaml").write_text("rules: [{id: r, window: day, max_count: 1}]\n")
+    (tmp_path / "other.db").write_bytes(b"not a database, but a file of another program")
+    env = {
+        **os.environ,
+        "LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
+        "LIMITFLOW_RULES": str(tmp_path / "rules.yaml"),
+        "LIMITFLOW_STORE": f"sqlite:///{tmp_path / 'other.db'}",
+    }
+    worker = subprocess.run(
+        [sys.executable, "-c", "import streams.faust_app as m; m.app"],
+        env=env,
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    assert worker.returncode == 3
+    (line,) = worker.stderr.decode().strip().splitlines()
+    assert line.startswith("limitflow: store: SQLite: file is not a database")
+
+
 _FAUST_CONSUMER_WAIT = """
 import asyncio, os
 from streams.faust_app import FaustSettings, build_app
