@@ -485,8 +485,8 @@ def check_kept_meanings(rules: RuleSet, kept: dict[str, str]) -> None:
             before = msgspec.json.decode(kept[key])
         except msgspec.DecodeError as exc:
             raise ValueError(f"the meaning kept for {key!r} is not JSON ({exc})") from None
-        if not isinstance(before, dict):
-            raise ValueError(f"the meaning kept for {key!r} is not a JSON object")
+        if not _is_meaning(before):
+            raise ValueError(f"the meaning kept for {key!r} is not one limitflow writes")
         now = msgspec.json.decode(meaning)
         changed = [
             f"{name} {_shown(before.get(name))} (now {_shown(now[name])})"
@@ -503,6 +503,20 @@ def check_kept_meanings(rules: RuleSet, kept: dict[str, str]) -> None:
             f"{'; '.join(problems)}. A rule's id names its counters: give a changed rule a"
             " new id, or change it back"
         )
+
+
+def _is_meaning(value: object) -> bool:
+    """Whether ``value`` is a decoded ``counter_meaning``: its fields and their types."""
+    if not isinstance(value, dict) or set(value) != set(COUNTER_FIELDS):
+        return False
+    zone, currency, scope = (value[name] for name in COUNTER_FIELDS)
+    return (
+        isinstance(zone, str | None)
+        and isinstance(currency, str | None)
+        and isinstance(scope, list)
+        and bool(scope)
+        and all(isinstance(field, str) for field in scope)
+    )
 
 
 def _shown(value: object) -> str:

@@ -39,16 +39,10 @@ def _seconds(query: dict[str, list[str]], name: str, default: int) -> int:
     return int(days * DAY)
 
 
-def open_store(
-    url: str, clock: Callable[[], float] = time.time, *, lock_wait: float | None = None
-) -> Store:
-    """Build the store a URL names: ``memory://``, ``sqlite:///PATH``, ``mongodb://…``,
-    ``dynamodb://PREFIX?endpoint_url=…``. Nothing is contacted until first use.
-
-    ``clock`` is the wall clock used only for record expiry (tests inject one).
-    ``lock_wait``: seconds a sqlite store waits for another process's write lock before
-    a commit fails as unavailable (default ``stores.sqlite.LOCK_WAIT``).
-    """
+def embedded(url: str) -> tuple[Retention, str | None]:
+    """The retention a store URL gives, and its file for ``sqlite:///PATH`` (else None),
+    with every check ``open_store`` makes of an embedded store's URL before it opens it
+    (a sqlite file is made as it is opened): a ``ConfigError``."""
     parts = urlsplit(url)
     # MongoDB URIs may separate options with ";" too: read them all as the driver does
     query = parse_qs(parts.query.replace(";", "&"))
@@ -60,19 +54,36 @@ def open_store(
             f"{redacted(url)}: unknown option {', '.join(sorted(query))}"
             f" ({' and '.join(sorted(RETENTION_PARAMS))} are known)"
         )
+    if parts.scheme == "memory" and (parts.netloc or parts.path):
+        raise ConfigError(f"{redacted(url)}: expected memory:// (it takes no host or path)")
+    if parts.scheme != "sqlite":
+        return retention, None
+    # SQLAlchemy's convention: sqlite:///relative.db, sqlite:////absolute/path.db
+    path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
+    if not path:
+        raise ConfigError(f"{redacted(url)}: expected sqlite:///PATH")
+    return retention, path
+
+
+def open_store(
+    url: str, clock: Callable[[], float] = time.time, *, lock_wait: float | None = None
+) -> Store:
+    """Build the store a URL names: ``memory://``, ``sqlite:///PATH``, ``mongodb://…``,
+    ``dynamodb://PREFIX?endpoint_url=…``. Nothing is contacted until first use.
+
+    ``clock`` is the wall clock used only for record expiry (tests inject one).
+    ``lock_wait``: seconds a sqlite store waits for another process's write lock before
+    a commit fails as unavailable (default ``stores.sqlite.LOCK_WAIT``).
+    """
+    parts = urlsplit(url)
+    retention, path = embedded(url)
     if parts.scheme == "memory":
-        if parts.netloc or parts.path:
-            raise ConfigError(f"{redacted(url)}: expected memory:// (it takes no host or path)")
         from stores.memory import MemoryStore
 
         return MemoryStore(retention, clock)
-    if parts.scheme == "sqlite":
+    if path is not None:
         from stores.sqlite import LOCK_WAIT, SqliteStore
 
-        # SQLAlchemy's convention: sqlite:///relative.db, sqlite:////absolute/path.db
-        path = url[len("sqlite:///") :].split("?", 1)[0] if url.startswith("sqlite:///") else ""
-        if not path:
-            raise ConfigError(f"{redacted(url)}: expected sqlite:///PATH")
         return SqliteStore(
             path, retention, clock=clock, lock_wait=LOCK_WAIT if lock_wait is None else lock_wait
         )

@@ -48,8 +48,13 @@ import msgspec
 import zstandard
 
 from handlers.state import Keys, Snapshot, Writes
-from limitflow.errors import StoreRejected, StoreUnavailable
+from limitflow.errors import LimitflowError, StoreRejected, StoreUnavailable
 from schemas.rules import RuleChanged, RuleSet, Window, check_kept_meanings, counter_meaning
+
+
+class CountersLive(LimitflowError):
+    """A rule's meaning cannot be forgotten: some of its counters have not expired."""
+
 
 _MALFORMED = (
     struct.error,  # a packed memory record of the wrong size
@@ -267,9 +272,19 @@ class Store(abc.ABC):
             ) from exc
         return known
 
-    async def forget_rule(self, rule_id: str) -> int:
+    async def forget_rule(self, rule_id: str, *, force: bool = False) -> int:
         """Forget what the counters of ``rule_id`` hold, in every window (the next start
-        with the rule keeps its meaning again); returns how many meanings were kept."""
+        with the rule keeps its meaning again); returns how many meanings were kept.
+
+        Refused (``CountersLive``) while any counter of the rule has not expired, unless
+        ``force``: a rule changed and started again would carry on from it."""
+        if not force and await self._has_live_counters(f"{rule_id}|", int(self._clock())):
+            raise CountersLive(
+                f"rule {rule_id!r} has counters that have not expired: a rule changed under"
+                " its id would carry on from them. Wait until they expire (the bucket"
+                " retention after their period; a lifetime rule's never do), or give the"
+                " changed rule a new id"
+            )
         keys = [f"{rule_id}:{w.value}" for w in Window if w is not Window.TRANSACTION]
         return await self._forget_meanings(keys)
 
@@ -306,6 +321,11 @@ class Store(abc.ABC):
     async def _forget_meanings(self, keys: list[str]) -> int:
         """Delete the meanings stored for ``keys``; how many there were."""
 
+    @abc.abstractmethod
+    async def _has_live_counters(self, prefix: str, now: int) -> bool:
+        """Whether a bucket whose key starts with ``prefix`` (``<rule id>|``) is stored and
+        not expired at ``now``."""
+
 
 _PLAIN_OPTIONS: Final = frozenset(
     {
@@ -337,6 +357,12 @@ _PLAIN_OPTIONS: Final = frozenset(
 )
 """URL options that hold no secret; the value of any other (a misspelt one included) is
 masked in logs and messages."""
+
+
+def after_prefix(prefix: str) -> str:
+    """The first text after every text that starts with ``prefix`` (its last character
+    advanced by one): ``key >= prefix AND key < after_prefix(prefix)`` is a key range."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def redacted(url: str) -> str:

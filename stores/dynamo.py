@@ -474,6 +474,30 @@ class DynamoStore(Store):
     async def _forget_meanings(self, keys: list[str]) -> int:
         return sum(await asyncio.gather(*(self._rule_item("Delete", key) for key in keys)))
 
+    async def _has_live_counters(self, prefix: str, now: int) -> bool:
+        """A scan of the whole table (items are spread by a hash of their key): fine for
+        ``store forget-rule``, run by hand, and for nothing on the hot path."""
+        client = await self._dynamodb()
+        request: dict[str, Any] = {
+            "TableName": self.table,
+            "ConsistentRead": True,
+            "FilterExpression": "begins_with(pk, :p)"
+            " AND (attribute_not_exists(expires_at) OR expires_at > :now)",
+            "ExpressionAttributeValues": {":p": {"S": BUCKET + prefix}, ":now": _n(now)},
+            "ProjectionExpression": "pk",
+        }
+        while True:
+            self.round_trips += 1
+            try:
+                page = await client.scan(**request)
+            except _DRIVER_ERRORS as exc:
+                raise translate(exc, "Scan") from exc
+            if page.get("Items"):
+                return True
+            if "LastEvaluatedKey" not in page:
+                return False
+            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
     async def _rule_item(self, action: str, key: str, meaning: str | None = None) -> int:
         """Put the meaning of ``key`` where none is kept, or delete the one kept: 1 if done,
         0 if the item was there already (a put), or not there (a delete)."""

@@ -85,6 +85,13 @@ class MemoryStore(Store):
     async def _forget_meanings(self, keys: list[str]) -> int:
         return sum(self.data.rules.pop(key, None) is not None for key in keys)
 
+    async def _has_live_counters(self, prefix: str, now: int) -> bool:
+        return any(
+            (expires := _unpack_bucket(packed).expires_at) is None or expires > now
+            for key, packed in self.data.buckets.items()
+            if key.startswith(prefix)
+        )
+
     async def _read(self, keys: Keys) -> Snapshot:
         self.round_trips += 1
         data = self.data

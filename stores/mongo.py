@@ -59,7 +59,7 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from stores.base import RETENTION_PARAMS, Expected, Retention, Store, redacted
+from stores.base import RETENTION_PARAMS, Expected, Retention, Store, after_prefix, redacted
 from stores.verdict_codec import pack_verdict, unpack_verdict
 
 Document = dict[str, Any]
@@ -220,6 +220,17 @@ class MongoStore(Store):
         except PyMongoError as exc:
             raise _translate(exc) from exc
         return done.deleted_count
+
+    async def _has_live_counters(self, prefix: str, now: int) -> bool:
+        query = {
+            "_id": {"$gte": prefix, "$lt": after_prefix(prefix)},  # a range of the _id index
+            "$or": [{"expires_at": {"$exists": False}}, {"expires_at": {"$gt": _date(now)}}],
+        }
+        self.round_trips += 1
+        try:
+            return await self._collection(BUCKETS).find_one(query, {"_id": 1}) is not None
+        except PyMongoError as exc:
+            raise _translate(exc) from exc
 
     # -- writes ------------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from stores.base import LATEST_EXPIRY, Expected, Retention, Store
+from stores.base import LATEST_EXPIRY, Expected, Retention, Store, after_prefix
 from stores.verdict_codec import (
     DICTIONARY_TAG,
     VerdictCodec,
@@ -357,12 +357,26 @@ class SqliteStore(Store):
     async def _forget_meanings(self, keys: list[str]) -> int:
         return self._in_meta("DELETE FROM meta WHERE name = ?", [(_RULE + k,) for k in keys])
 
+    async def _has_live_counters(self, prefix: str, now: int) -> bool:
+        try:
+            found = self._db.execute(
+                "SELECT 1 FROM buckets WHERE key >= ? AND key < ?"
+                " AND (expires_at IS NULL OR expires_at > ?) LIMIT 1",
+                (prefix, after_prefix(prefix), now),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+        return found is not None
+
     def _in_meta(self, statement: str, rows: list[tuple[str, ...]]) -> int:
         """Run ``statement`` for each of ``rows`` in one write transaction on ``meta``;
-        how many rows it changed."""
+        how many rows it changed. At a start (a rule new to the file) or by hand: it
+        waits as long as a replay's commit would, also in a consumer, whose commits wait
+        briefly and retry (a consumer starting while another commits waited 1 s, then
+        failed)."""
         db = self._db
         try:
-            self._begin_immediate()
+            self._begin_immediate(max(self.lock_wait, LOCK_WAIT))
             try:
                 db.execute(_META_SCHEMA)
                 changed = db.executemany(statement, rows).rowcount
@@ -473,12 +487,12 @@ class SqliteStore(Store):
             raise
         return None if row is None else bytes(row[0])
 
-    def _begin_immediate(self) -> None:
-        """Take the write lock, waiting up to ``lock_wait`` for another process's, in
-        waits of ``_LOCK_TRY``: SQLite waits inside the call, where no signal handler
-        runs, so a wait of 30 s in one call left a replay's second Ctrl-C unanswered
-        until it ended. Between the tries, Python's handlers run."""
-        give_up = time.monotonic() + self.lock_wait
+    def _begin_immediate(self, wait: float | None = None) -> None:
+        """Take the write lock, waiting up to ``wait`` (default ``lock_wait``) for another
+        process's, in waits of ``_LOCK_TRY``: SQLite waits inside the call, where no signal
+        handler runs, so a wait of 30 s in one call left a replay's second Ctrl-C
+        unanswered until it ended. Between the tries, Python's handlers run."""
+        give_up = time.monotonic() + (self.lock_wait if wait is None else wait)
         while True:
             try:
                 self._db.execute("BEGIN IMMEDIATE")

@@ -19,7 +19,7 @@ from limitflow.errors import ConflictError, StoreRejected
 from schemas.events import EventType
 from schemas.rules import RuleChanged, RuleSet, load_rules, parse_rules
 from stores import open_store
-from stores.base import Store
+from stores.base import CountersLive, Store
 from stores.dynamo import DynamoStore
 from stores.memory import MemoryStore
 from stores.mongo import MongoStore
@@ -844,7 +844,7 @@ async def damage_meaning(store: Store, key: str) -> str:
     refusal names."""
     if isinstance(store, MemoryStore):
         store.data.rules[key] = "[1]"
-        return f"the meaning kept for {key!r} is not a JSON object"
+        return f"the meaning kept for {key!r} is not one limitflow writes"
     if isinstance(store, SqliteStore):
         with closing(sqlite3.connect(store.path, isolation_level=None)) as db:
             db.execute("UPDATE meta SET value = 7 WHERE name = ?", (f"rule:{key}",))
@@ -873,3 +873,20 @@ async def test_a_damaged_kept_meaning_is_refused_by_name_until_forgotten(store_u
         assert await store.keep_rules(rules, keep=False) == 2
     finally:
         await store.close()
+
+
+async def test_a_rule_is_forgotten_only_once_its_counters_have_expired(store_url: str) -> None:
+    now, later = await handles(store_url, NOW, LATER)  # retention of a day, 3 days apart
+    try:
+        rules = parse_rules(_LATE_RULES)
+        await now.keep_rules(rules)
+        await Engine(Decider(rules), now).process([Record(_event("p1", "80.00"), {"line": 1})])
+        with pytest.raises(CountersLive, match=r"^rule 'day' has counters that have not expired"):
+            await now.forget_rule("day")
+        assert await now.forget_rule("da") == 0  # another id, whose name begins the same
+        assert await later.forget_rule("day") == 1  # by then its counters have expired
+        await now.keep_rules(rules)
+        assert await now.forget_rule("day", force=True) == 1
+    finally:
+        for store in (now, later):
+            await store.close()

@@ -584,7 +584,16 @@ def test_kept_meanings_refuse_only_what_changes_a_counter() -> None:
         " [card_id, merchant_id] (now [card_id]). A rule's id names its counters: give a"
         " changed rule a new id, or change it back"
     )
-    for damaged, said in [("[1]", "not a JSON object"), ("{", "not JSON")]:
+    damaged_ones = [
+        ("[1]", "not one limitflow writes"),
+        ("{", "not JSON"),
+        # a JSON object, but not a meaning: not told as a change of the rule's meaning
+        ("{}", "not one limitflow writes"),
+        ('{"timezone":"UTC","currency":null,"scope":[]}', "not one limitflow writes"),
+        ('{"timezone":1,"currency":null,"scope":["a"]}', "not one limitflow writes"),
+        ('{"timezone":"UTC","currency":null,"scope":["a"],"x":1}', "not one limitflow writes"),
+    ]
+    for damaged, said in damaged_ones:
         kept["acct-day-cny:day"] = damaged
         with pytest.raises(ValueError, match=f"meaning kept for 'acct-day-cny:day' is {said}"):
             check_kept_meanings(parse_rules(VALID), kept)

@@ -127,7 +127,7 @@ async def test_an_account_sequence_that_is_not_an_integer_is_refused(
     ("value", "said"),
     [
         ("x'7b7d'", "meta row 'rule:day:day' holds bytes"),
-        ("'[1]'", "the meaning kept for 'day:day' is not a JSON object"),
+        ("'[1]'", "the meaning kept for 'day:day' is not one limitflow writes"),
         ("'{'", "the meaning kept for 'day:day' is not JSON"),
     ],
 )
@@ -601,3 +601,27 @@ async def test_new_files_have_8_kb_pages_and_files_made_before_keep_theirs(
             await store.close()
         with closing(sqlite3.connect(path)) as db:
             assert db.execute("PRAGMA page_size").fetchone()[0] == page
+
+
+async def test_a_consumer_keeping_a_new_rule_waits_for_another_process_s_commit(
+    tmp_path: Path,
+) -> None:
+    # a consumer's commits wait 1 s for the lock and retry; its start, keeping a rule new
+    # to the file, failed after that second while another process committed
+    import threading
+
+    from stores.sqlite import CONSUMER_LOCK_WAIT
+
+    path = str(tmp_path / "shared.db")
+    store = SqliteStore(path, lock_wait=CONSUMER_LOCK_WAIT)
+    await store.init()
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    letting_go = threading.Timer(2.5, holder.execute, ("ROLLBACK",))
+    letting_go.start()
+    try:
+        assert await store.keep_rules(parse_rules(_DAY_RULES)) == 0
+    finally:
+        letting_go.join()
+        holder.close()
+        await store.close()
