@@ -58,11 +58,13 @@ async def open_ready_store(
     *,
     lock_wait: float | None = None,
     create: bool = True,
+    keep: bool = True,
 ) -> object:
     """Open the store of ``url``; embedded stores are created (unless not ``create``),
-    servers must be initialised. With ``rules``, the store keeps what their counters hold,
-    and a rule whose counters it keeps under another meaning is refused
-    (``Store.keep_rules``). ``lock_wait``: see ``stores.open_store``."""
+    servers must be initialised. With ``rules``, the store keeps what their counters hold
+    (only compares them, without ``keep``), and a rule whose counters it keeps under
+    another meaning is refused (``Store.keep_rules``). ``lock_wait``: see
+    ``stores.open_store``."""
     from stores import open_store
     from stores.base import redacted
 
@@ -74,7 +76,7 @@ async def open_ready_store(
             else:
                 await store.check()
             if rules is not None:
-                await store.keep_rules(rules)
+                await store.keep_rules(rules, keep=keep)
         except BaseException:
             # the failed store may hold a client and its connection pool: release them
             await store.close()
@@ -347,9 +349,20 @@ def _rules_check(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
 
 def _no_store_yet(url: str) -> bool:
     """Whether ``url`` names a store that holds nothing yet, known without opening it
-    (opening a sqlite file makes it): memory://, or a sqlite file not made yet."""
-    path = _sqlite_file(url)
-    return url.startswith("memory:") or (path is not None and not os.path.exists(path))
+    (opening a sqlite file makes it): memory://, or a sqlite file not made yet in a
+    folder that exists (else opening it says what is wrong), or still empty. A bad URL:
+    ``CommandFailed``."""
+    from stores import embedded
+
+    try:
+        _, path = embedded(url)
+    except ConfigError as exc:
+        raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
+    if path is None:
+        return url.startswith("memory:")
+    if os.path.exists(path):
+        return os.path.getsize(path) == 0  # made, and nothing written yet
+    return os.path.isdir(os.path.dirname(path) or ".")
 
 
 async def _rules_check_store(url: str, rules: RuleSet) -> int:
@@ -369,7 +382,7 @@ async def _rules_check_store(url: str, rules: RuleSet) -> int:
         await store.close()
     new = sum(counter_meaning(rule) is not None for rule in rules.rules) - known
     kept = f"{_count(known, 'rule')} kept there unchanged" if known else "none kept there yet"
-    fresh = f", {new} new: {'its' if new == 1 else 'their'} counters start from zero" if new else ""
+    fresh = f", {new} new: kept at the first start" if new else ""
     print(f"{redacted(url)}: takes these rules ({kept}{fresh})")
     return EXIT_OK
 
@@ -419,16 +432,18 @@ def _store_forget_rule(args: argparse.Namespace) -> int | Coroutine[Any, Any, in
     if _no_store_yet(args.store):
         print(f"{args.store}: keeps nothing for rule {args.rule_id!r}")
         return EXIT_OK
-    return _forget_rule(args.store, args.rule_id)
+    return _forget_rule(args.store, args.rule_id, args.force)
 
 
-async def _forget_rule(url: str, rule_id: str) -> int:
-    from stores.base import Store, redacted
+async def _forget_rule(url: str, rule_id: str, force: bool) -> int:
+    from stores.base import CountersLive, Store, redacted
 
     store = await open_ready_store(url, create=False)
     assert isinstance(store, Store)
     try:
-        forgotten = await store.forget_rule(rule_id)
+        forgotten = await store.forget_rule(rule_id, force=force)
+    except CountersLive as exc:
+        raise CommandFailed(f"{exc} (or pass --force)", EXIT_USAGE) from None
     except StoreError as exc:
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
     finally:
@@ -474,8 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("rules")
     check.add_argument(
         "--store",
-        help="also check the rules against this store: a rule whose counters it keeps under"
-        " another window, zone, currency or scope would be refused (nothing is written)",
+        help="also check the rules against this store: a rule whose counters of a window it"
+        " keeps under another zone, currency or scope would be refused (nothing is kept)",
     )
     check.set_defaults(handler=_rules_check)
 
@@ -486,11 +501,17 @@ def build_parser() -> argparse.ArgumentParser:
     init.set_defaults(handler=_store_init)
     forget = store_commands.add_parser(
         "forget-rule",
-        help="forget what a rule's counters hold (its window, zone, currency and scope), so"
-        " that the next start keeps them anew: once its counters have expired, or for a"
-        " damaged record",
+        help="forget what a rule's counters hold (its zone, currency and scope, in every"
+        " window), so that the next start keeps them anew: refused while any of its"
+        " counters has not expired",
     )
     forget.add_argument("rule_id")
+    forget.add_argument(
+        "--force",
+        action="store_true",
+        help="forget even while counters of the rule have not expired (a damaged record:"
+        " start again with the rule unchanged, which keeps its meaning anew)",
+    )
     forget.add_argument("--store", required=True, help="state store URL")
     forget.set_defaults(handler=_store_forget_rule)
 

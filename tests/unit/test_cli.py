@@ -1605,7 +1605,7 @@ def test_a_rule_whose_counters_would_change_meaning_is_refused_before_any_event(
     checked = limitflow("rules", "check", str(renamed), "--store", store, cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr.decode()
     assert checked.stdout.decode().endswith(
-        f"{store}: takes these rules (none kept there yet, 1 new: its counters start from zero)\n"
+        f"{store}: takes these rules (none kept there yet, 1 new: kept at the first start)\n"
     )
     with closing(sqlite3.connect(tmp_path / "state.db")) as db:
         kept = db.execute("SELECT name FROM meta WHERE name LIKE 'rule:%'").fetchall()
@@ -1623,11 +1623,50 @@ def test_a_rule_whose_counters_would_change_meaning_is_refused_before_any_event(
         f"{missing}: no store there yet: it will keep these rules\n"
     )
     assert not (tmp_path / "none.db").exists()
-    # once the old day's counters have expired, the id may be used again in another zone
-    forgot = limitflow("store", "forget-rule", "acct-day-2", "--store", store, cwd=tmp_path)
+    # the id's day counters have not expired: forgetting what they hold is refused
+    forget = ["store", "forget-rule", "acct-day-2", "--store", store]
+    refused = limitflow(*forget, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert one_line_reason(refused).startswith(
+        "limitflow: rule 'acct-day-2' has counters that have not expired: a rule changed under"
+    )
+    assert one_line_reason(refused).endswith("(or pass --force)")
+    forgot = limitflow(*forget, "--force", cwd=tmp_path)
     assert forgot.stdout.decode() == (
         f"{store}: forgot what the counters of rule 'acct-day-2' hold (1 window);"
         " the next start keeps the rules file's\n"
     )
     checked = limitflow("rules", "check", str(moved), "--store", store, cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("sqlite:///none.db?bucket_retention_days=0", "must be a finite number of days"),
+        ("memory://x?foo=1", "unknown option foo"),
+        ("sqlite:///nodir/x.db", "cannot open SQLite database nodir/x.db"),
+    ],
+)
+def test_checking_rules_against_a_store_url_that_replay_refuses_is_refused(
+    tmp_path: Path, rules: Path, url: str, said: str
+) -> None:
+    # a store with nothing in it yet was said to take the rules, the URL not looked at
+    for command in (["rules", "check", str(rules)], ["store", "forget-rule", "r"]):
+        checked = limitflow(*command, "--store", url, cwd=tmp_path)
+        assert checked.returncode == 3, checked.stdout.decode()
+        assert said in one_line_reason(checked)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rules.yaml"]  # nothing made
+
+
+def test_checking_rules_against_an_empty_sqlite_file_leaves_it_empty(
+    tmp_path: Path, rules: Path
+) -> None:
+    (tmp_path / "made.db").touch()  # made by a provisioning step, as replay would take it
+    store = f"sqlite:///{tmp_path / 'made.db'}"
+    checked = limitflow("rules", "check", str(rules), "--store", store, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr.decode()
+    assert checked.stdout.decode().endswith(
+        f"{store}: no store there yet: it will keep these rules\n"
+    )
+    assert (tmp_path / "made.db").stat().st_size == 0
