@@ -417,7 +417,7 @@ async def _load_and_serve(args: argparse.Namespace, signals: StopSignals) -> int
     for name in unknown_variables(os.environ):
         log.warning("%s is not a limitflow setting: ignored (misspelt?)", name)
     rules = _rules(settings.rules)
-    store = await _store_unless_stopped(settings.store, rules, stop)
+    store = await store_unless_stopped(settings.store, rules, stop)
     if store is None:
         name = signals.received.name if signals.received else "a signal"
         log.info("stopped by %s before starting; nothing was consumed", name)
@@ -442,7 +442,9 @@ async def _load_and_serve(args: argparse.Namespace, signals: StopSignals) -> int
     return EXIT_OK
 
 
-async def _store_unless_stopped(url: str, rules: Any, stop: asyncio.Event) -> object | None:
+async def store_unless_stopped(
+    url: str, rules: Any, stop: asyncio.Event, *, keep: bool = True
+) -> object | None:
     """The store of ``url``, opened as ``open_ready_store`` does; None if ``stop`` is set
     first, also while the store's servers are waited for (a store that blocks the loop,
     sqlite waiting for another process's lock, is left when its wait ends)."""
@@ -451,7 +453,8 @@ async def _store_unless_stopped(url: str, rules: Any, stop: asyncio.Event) -> ob
 
     if stop.is_set():
         return None
-    opening = asyncio.ensure_future(open_ready_store(url, rules, lock_wait=CONSUMER_LOCK_WAIT))
+    opened = open_ready_store(url, rules, lock_wait=CONSUMER_LOCK_WAIT, keep=keep)
+    opening = asyncio.ensure_future(opened)
     stopped = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait((opening, stopped), return_when=asyncio.FIRST_COMPLETED)

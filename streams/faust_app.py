@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -56,6 +57,7 @@ from limitflow.settings import (
     load_env_settings,
     unknown_variables,
 )
+from limitflow.stopping import SIGNALS
 from schemas.rules import RulesError, RuleSet, load_rules
 from stores.base import Store
 from streams.consumer import tolerate_empty_assignments
@@ -256,25 +258,40 @@ async def open_engine(settings: FaustSettings, rules: RuleSet) -> Engine:
     return Engine(Decider(rules), store)
 
 
-def check_store(settings: FaustSettings, rules: RuleSet) -> None:
+def check_store(settings: FaustSettings, rules: RuleSet) -> bool:
     """Open the store once before faust starts, as ``limitflow run`` opens it at start, and
     close it: a store that cannot be reached or is not initialised, or a rule whose
     counters it keeps under another meaning, is then a ``CommandFailed`` (one line and
-    ``run``'s exit code) rather than the agent's crash. On an event loop of its own, left
-    as faust found it."""
-    from limitflow.cli import open_ready_store
-    from stores.sqlite import CONSUMER_LOCK_WAIT
+    ``run``'s exit code) rather than the agent's crash. The rules are only compared: the
+    agent keeps them, as it starts (any access to the app, ``--help`` too, comes here).
+    False if SIGINT or SIGTERM came first, as ``run`` stops for them then. On an event
+    loop of its own, left as faust found it, and so are the signals' handlers."""
+    from limitflow.run_cli import store_unless_stopped
 
-    async def opened_and_closed() -> None:
-        store = await open_ready_store(settings.store, rules, lock_wait=CONSUMER_LOCK_WAIT)
+    async def opened_and_closed() -> bool:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in SIGNALS:
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            store = await store_unless_stopped(settings.store, rules, stop, keep=False)
+        finally:
+            for sig in SIGNALS:
+                loop.remove_signal_handler(sig)
+        if store is None:
+            return False
         assert isinstance(store, Store)
         await store.close()
+        return True
 
+    before = {sig: signal.getsignal(sig) for sig in SIGNALS}
     loop = asyncio.new_event_loop()
     try:
-        loop.run_until_complete(opened_and_closed())
+        return loop.run_until_complete(opened_and_closed())
     finally:
         loop.close()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -464,7 +481,9 @@ def __getattr__(name: str) -> Any:
         try:
             settings = FaustSettings.from_env(os.environ)
             app = build_app(settings)
-            check_store(settings, load_checked_rules(settings.rules))
+            if not check_store(settings, load_checked_rules(settings.rules)):
+                print("limitflow: stopped before starting; nothing was consumed", file=sys.stderr)
+                raise SystemExit(0)
         except (ConfigError, RulesError) as exc:
             # one line for a bad variable or rules file, as `limitflow run` gives
             print(f"limitflow: {exc}", file=sys.stderr)

@@ -5,8 +5,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import signal
+import sqlite3
 import subprocess
 import sys
+import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -236,6 +240,51 @@ def test_a_faust_worker_whose_store_is_unusable_says_so_in_one_line(tmp_path: Pa
     assert worker.returncode == 3
     (line,) = worker.stderr.decode().strip().splitlines()
     assert line.startswith("limitflow: store: SQLite: file is not a database")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_faust_worker_stopped_while_it_opens_its_store_ends_in_one_line(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    # SIGINT gave exit 1 with "Aborted!" and asyncio's complaints; SIGTERM 143 in silence
+    (tmp_path / "rules.yaml").write_text("rules: [{id: r, window: day, max_count: 1}]\n")
+    env = {
+        **os.environ,
+        "LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
+        "LIMITFLOW_RULES": str(tmp_path / "rules.yaml"),
+        "LIMITFLOW_STORE": "mongodb://127.0.0.1:1/x",  # waited for: 30 s of server selection
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import streams.faust_app as m; m.app; print('started')"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(4)  # imported, and opening the store
+    worker.send_signal(sig)
+    out, err = worker.communicate(timeout=20)
+    assert worker.returncode == 0, err.decode()
+    assert err.decode() == "limitflow: stopped before starting; nothing was consumed\n"
+    assert out == b""
+
+
+def test_a_faust_app_compares_its_rules_with_the_store_and_keeps_none(tmp_path: Path) -> None:
+    # any access to the app, `faust -A … --help` too, checks the store: the agent keeps
+    (tmp_path / "rules.yaml").write_text("rules: [{id: r, window: day, max_count: 1}]\n")
+    env = {
+        **os.environ,
+        "LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
+        "LIMITFLOW_RULES": str(tmp_path / "rules.yaml"),
+        "LIMITFLOW_STORE": f"sqlite:///{tmp_path / 'state.db'}",
+    }
+    subprocess.run(
+        [sys.executable, "-c", "import streams.faust_app as m; m.app"],
+        env=env,
+        check=True,
+        timeout=60,
+    )
+    with closing(sqlite3.connect(tmp_path / "state.db")) as db:
+        assert db.execute("SELECT count(*) FROM meta WHERE name LIKE 'rule:%'").fetchone() == (0,)
 
 
 _FAUST_CONSUMER_WAIT = """
