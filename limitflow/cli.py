@@ -9,7 +9,7 @@ import os
 import signal
 import stat
 import sys
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, BinaryIO, ClassVar
 
 from limitflow.errors import ConfigError, LimitflowError, StoreError, StoreNotInitialized
@@ -365,21 +365,31 @@ def _no_store_yet(url: str) -> bool:
     return os.path.isdir(os.path.dirname(path) or ".")
 
 
-async def _rules_check_store(url: str, rules: RuleSet) -> int:
-    """Whether a store would take ``rules``: what it keeps of each rule's counters,
-    compared and never written (see ``Store.keep_rules``)."""
-    from stores.base import Store, redacted
+async def _on_store(url: str, work: Callable[[Any], Awaitable[int]]) -> int:
+    """``work`` done on the store of ``url`` (made by nothing here; closed after), and its
+    refusals as the commands say them."""
+    from stores.base import CountersLive, Store
 
     store = await open_ready_store(url, create=False)
     assert isinstance(store, Store)
     try:
-        known = await store.keep_rules(rules, keep=False)
+        return await work(store)
     except RuleChanged as exc:
         raise CommandFailed(f"rules: {exc}", EXIT_USAGE) from None
+    except CountersLive as exc:
+        raise CommandFailed(f"{exc} (or pass --force)", EXIT_USAGE) from None
     except StoreError as exc:
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
     finally:
         await store.close()
+
+
+async def _rules_check_store(url: str, rules: RuleSet) -> int:
+    """Whether a store would take ``rules``: what it keeps of each rule's counters,
+    compared and never written (see ``Store.keep_rules``)."""
+    from stores.base import redacted
+
+    known = await _on_store(url, lambda store: store.keep_rules(rules, keep=False))
     new = sum(counter_meaning(rule) is not None for rule in rules.rules) - known
     kept = f"{_count(known, 'rule')} kept there unchanged" if known else "none kept there yet"
     fresh = f", {new} new: kept at the first start" if new else ""
@@ -436,18 +446,9 @@ def _store_forget_rule(args: argparse.Namespace) -> int | Coroutine[Any, Any, in
 
 
 async def _forget_rule(url: str, rule_id: str, force: bool) -> int:
-    from stores.base import CountersLive, Store, redacted
+    from stores.base import redacted
 
-    store = await open_ready_store(url, create=False)
-    assert isinstance(store, Store)
-    try:
-        forgotten = await store.forget_rule(rule_id, force=force)
-    except CountersLive as exc:
-        raise CommandFailed(f"{exc} (or pass --force)", EXIT_USAGE) from None
-    except StoreError as exc:
-        raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
-    finally:
-        await store.close()
+    forgotten = await _on_store(url, lambda store: store.forget_rule(rule_id, force=force))
     if not forgotten:
         print(f"{redacted(url)}: keeps nothing for rule {rule_id!r}")
     else:

@@ -199,19 +199,28 @@ def test_faust_settings_are_checked_as_run_settings_are(name: str, value: str) -
         FaustSettings.from_env({**env, f"LIMITFLOW_{name}": value})
 
 
+_FAUST_APP = [sys.executable, "-c", "import streams.faust_app as m; m.app"]
+"""A faust worker's start, as far as limitflow's part of it goes: the app's first access."""
+
+
+def _faust_env(
+    tmp_path: Path, store: str | None = None, rules: str | None = None
+) -> dict[str, str]:
+    """The environment of a faust worker on ``tmp_path``'s rules.yaml (written, unless
+    ``rules`` names another file) and ``store``."""
+    if rules is None:
+        rules = str(tmp_path / "rules.yaml")
+        (tmp_path / "rules.yaml").write_text("rules: [{id: r, window: day, max_count: 1}]\n")
+    env = {**os.environ, "LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092"}
+    env["LIMITFLOW_RULES"] = rules
+    if store is not None:
+        env["LIMITFLOW_STORE"] = store
+    return env
+
+
 def test_a_faust_worker_with_a_bad_setting_says_so_in_one_line(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
-        "LIMITFLOW_RULES": str(tmp_path / "missing.yaml"),
-    }
-    worker = subprocess.run(
-        [sys.executable, "-c", "import streams.faust_app as m; m.app"],
-        env=env,
-        capture_output=True,
-        check=False,
-        timeout=60,
-    )
+    env = _faust_env(tmp_path, rules=str(tmp_path / "missing.yaml"))
+    worker = subprocess.run(_FAUST_APP, env=env, capture_output=True, check=False, timeout=60)
     assert worker.returncode == 2
     assert worker.stderr.decode().strip().splitlines() == [
         f"limitflow: rules: cannot read rules file {tmp_path / 'missing.yaml'}: "
@@ -222,21 +231,9 @@ def test_a_faust_worker_with_a_bad_setting_says_so_in_one_line(tmp_path: Path) -
 def test_a_faust_worker_whose_store_is_unusable_says_so_in_one_line(tmp_path: Path) -> None:
     # the store was opened only by the agent, which crashed the worker (exit 1) in a page
     # of tracebacks: now it is opened before faust starts, and said as `limitflow run` does
-    (tmp_path / "rules.yaml").write_text("rules: [{id: r, window: day, max_count: 1}]\n")
     (tmp_path / "other.db").write_bytes(b"not a database, but a file of another program")
-    env = {
-        **os.environ,
-        "LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
-        "LIMITFLOW_RULES": str(tmp_path / "rules.yaml"),
-        "LIMITFLOW_STORE": f"sqlite:///{tmp_path / 'other.db'}",
-    }
-    worker = subprocess.run(
-        [sys.executable, "-c", "import streams.faust_app as m; m.app"],
-        env=env,
-        capture_output=True,
-        check=False,
-        timeout=60,
-    )
+    env = _faust_env(tmp_path, f"sqlite:///{tmp_path / 'other.db'}")
+    worker = subprocess.run(_FAUST_APP, env=env, capture_output=True, check=False, timeout=60)
     assert worker.returncode == 3
     (line,) = worker.stderr.decode().strip().splitlines()
     assert line.startswith("limitflow: store: SQLite: file is not a database")
@@ -247,15 +244,9 @@ def test_a_faust_worker_stopped_while_it_opens_its_store_ends_in_one_line(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
     # SIGINT gave exit 1 with "Aborted!" and asyncio's complaints; SIGTERM 143 in silence
-    (tmp_path / "rules.yaml").write_text("rules: [{id: r, window: day, max_count: 1}]\n")
-    env = {
-        **os.environ,
-        "LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
-        "LIMITFLOW_RULES": str(tmp_path / "rules.yaml"),
-        "LIMITFLOW_STORE": "mongodb://127.0.0.1:1/x",  # waited for: 30 s of server selection
-    }
+    env = _faust_env(tmp_path, "mongodb://127.0.0.1:1/x")  # 30 s of server selection
     worker = subprocess.Popen(
-        [sys.executable, "-c", "import streams.faust_app as m; m.app; print('started')"],
+        [*_FAUST_APP[:-1], _FAUST_APP[-1] + "; print('started')"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -270,19 +261,8 @@ def test_a_faust_worker_stopped_while_it_opens_its_store_ends_in_one_line(
 
 def test_a_faust_app_compares_its_rules_with_the_store_and_keeps_none(tmp_path: Path) -> None:
     # any access to the app, `faust -A … --help` too, checks the store: the agent keeps
-    (tmp_path / "rules.yaml").write_text("rules: [{id: r, window: day, max_count: 1}]\n")
-    env = {
-        **os.environ,
-        "LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
-        "LIMITFLOW_RULES": str(tmp_path / "rules.yaml"),
-        "LIMITFLOW_STORE": f"sqlite:///{tmp_path / 'state.db'}",
-    }
-    subprocess.run(
-        [sys.executable, "-c", "import streams.faust_app as m; m.app"],
-        env=env,
-        check=True,
-        timeout=60,
-    )
+    env = _faust_env(tmp_path, f"sqlite:///{tmp_path / 'state.db'}")
+    subprocess.run(_FAUST_APP, env=env, check=True, timeout=60)
     with closing(sqlite3.connect(tmp_path / "state.db")) as db:
         assert db.execute("SELECT count(*) FROM meta WHERE name LIKE 'rule:%'").fetchone() == (0,)
 
