@@ -473,8 +473,8 @@ def counter_meaning(rule: Rule) -> tuple[str, str] | None:
 def check_kept_meanings(rules: RuleSet, kept: dict[str, str]) -> None:
     """Refuse (``RuleChanged``, naming every such rule) the rules whose counters a store
     keeps under another meaning than theirs: ``kept`` maps the keys of ``counter_meaning``
-    to meanings as the store has them. A kept meaning that is not a JSON object is a
-    ``ValueError`` naming its key."""
+    to meanings as the store has them. A kept meaning that is not one ``counter_meaning``
+    writes is a ``ValueError`` naming its key."""
     problems = []
     for rule in rules.rules:
         counter = counter_meaning(rule)

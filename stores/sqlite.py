@@ -387,7 +387,7 @@ class SqliteStore(Store):
                 raise
         except sqlite3.Error as exc:
             error = _translate(exc)
-            raise type(error)(f"keeping the rules' meanings: {error}") from exc
+            raise type(error)(f"writing the rules' meanings: {error}") from exc
         return changed
 
     async def _read(self, keys: Keys) -> Snapshot:
