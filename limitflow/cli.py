@@ -58,13 +58,11 @@ async def open_ready_store(
     *,
     lock_wait: float | None = None,
     create: bool = True,
-    keep: bool = True,
 ) -> object:
     """Open the store of ``url``; embedded stores are created (unless not ``create``),
-    servers must be initialised. With ``rules``, the store keeps what their counters hold
-    (only compares them, without ``keep``), and a rule whose counters it keeps under
-    another meaning is refused (``Store.keep_rules``). ``lock_wait``: see
-    ``stores.open_store``."""
+    servers must be initialised. With ``rules``, the store keeps what their counters hold,
+    and a rule whose counters it keeps under another meaning is refused
+    (``Store.keep_rules``). ``lock_wait``: see ``stores.open_store``."""
     from stores import open_store
     from stores.base import redacted
 
@@ -76,7 +74,7 @@ async def open_ready_store(
             else:
                 await store.check()
             if rules is not None:
-                await store.keep_rules(rules, keep=keep)
+                await store.keep_rules(rules)
         except BaseException:
             # the failed store may hold a client and its connection pool: release them
             await store.close()

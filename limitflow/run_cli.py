@@ -442,9 +442,7 @@ async def _load_and_serve(args: argparse.Namespace, signals: StopSignals) -> int
     return EXIT_OK
 
 
-async def store_unless_stopped(
-    url: str, rules: Any, stop: asyncio.Event, *, keep: bool = True
-) -> object | None:
+async def store_unless_stopped(url: str, rules: Any, stop: asyncio.Event) -> object | None:
     """The store of ``url``, opened as ``open_ready_store`` does; None if ``stop`` is set
     first, also while the store's servers are waited for (a store that blocks the loop,
     sqlite waiting for another process's lock, is left when its wait ends)."""
@@ -453,8 +451,7 @@ async def store_unless_stopped(
 
     if stop.is_set():
         return None
-    opened = open_ready_store(url, rules, lock_wait=CONSUMER_LOCK_WAIT, keep=keep)
-    opening = asyncio.ensure_future(opened)
+    opening = asyncio.ensure_future(open_ready_store(url, rules, lock_wait=CONSUMER_LOCK_WAIT))
     stopped = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait((opening, stopped), return_when=asyncio.FIRST_COMPLETED)

@@ -262,10 +262,12 @@ def check_store(settings: FaustSettings, rules: RuleSet) -> bool:
     """Open the store once before faust starts, as ``limitflow run`` opens it at start, and
     close it: a store that cannot be reached or is not initialised, or a rule whose
     counters it keeps under another meaning, is then a ``CommandFailed`` (one line and
-    ``run``'s exit code) rather than the agent's crash. The rules are only compared: the
-    agent keeps them, as it starts (any access to the app, ``--help`` too, comes here).
-    False if SIGINT or SIGTERM came first, as ``run`` stops for them then. On an event
-    loop of its own, left as faust found it, and so are the signals' handlers."""
+    ``run``'s exit code) rather than the agent's crash. The rules' meanings are kept here
+    (``Store.keep_rules``), so that the agent's start only reads them: it took a sqlite
+    file's write lock, and a lock held by another process then crashed the worker. Any
+    access to the app, ``faust … --help`` too, comes here. False if SIGINT or SIGTERM came
+    first, as ``run`` stops for them then. On an event loop of its own, left as faust
+    found it, and so are the signals' handlers."""
     from limitflow.run_cli import store_unless_stopped
 
     async def opened_and_closed() -> bool:
@@ -274,7 +276,7 @@ def check_store(settings: FaustSettings, rules: RuleSet) -> bool:
         for sig in SIGNALS:
             loop.add_signal_handler(sig, stop.set)
         try:
-            store = await store_unless_stopped(settings.store, rules, stop, keep=False)
+            store = await store_unless_stopped(settings.store, rules, stop)
         finally:
             for sig in SIGNALS:
                 loop.remove_signal_handler(sig)
