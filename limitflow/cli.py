@@ -135,7 +135,9 @@ def _refuse_store_outputs(args: argparse.Namespace) -> None:
     """Refuse an output that is the sqlite store's file (or its WAL or shared memory):
     opening it for writing would destroy the saved state, and the store, writing it,
     the verdicts."""
-    store_file = _sqlite_file(args.store)
+    from stores import embedded
+
+    _, store_file = embedded(args.store)  # checked already: the store is open
     if store_file is None:
         return
     for option, path in (("--output", args.output), ("--dead-letter", args.dead_letter)):
@@ -303,13 +305,6 @@ class _Signals:
         for sig, before in self._before.items():
             signal.signal(sig, before)
         self._before.clear()
-
-
-def _sqlite_file(url: str) -> str | None:
-    """The database file of a ``sqlite:///PATH`` URL."""
-    if not url.startswith("sqlite:///"):
-        return None
-    return url[len("sqlite:///") :].split("?", 1)[0] or None
 
 
 def _rules_check(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
