@@ -408,9 +408,11 @@ class LimitflowApp(faust.App):
         await super().on_restart()
 
 
-def build_app(settings: FaustSettings) -> faust.App:
-    """The faust app: one agent over the input topic, publishing verdicts and dead letters."""
-    rules = load_checked_rules(settings.rules)
+def build_app(settings: FaustSettings, rules: RuleSet | None = None) -> faust.App:
+    """The faust app: one agent over the input topic, publishing verdicts and dead letters;
+    on ``rules``, or the rules file of ``settings``."""
+    if rules is None:
+        rules = load_checked_rules(settings.rules)
     session = settings.session_timeout_ms / 1000
     app = LimitflowApp(
         settings.group_id,
@@ -482,8 +484,9 @@ def __getattr__(name: str) -> Any:
 
         try:
             settings = FaustSettings.from_env(os.environ)
-            app = build_app(settings)
-            if not check_store(settings, load_checked_rules(settings.rules)):
+            rules = load_checked_rules(settings.rules)  # read once, for both
+            app = build_app(settings, rules)
+            if not check_store(settings, rules):
                 print("limitflow: stopped before starting; nothing was consumed", file=sys.stderr)
                 raise SystemExit(0)
         except (ConfigError, RulesError) as exc:
