@@ -37,6 +37,8 @@ the last one's by at least the retention, under the same condition on the clocks
 from __future__ import annotations
 
 import abc
+import asyncio
+import random
 import struct
 import time
 from collections.abc import Callable
@@ -48,7 +50,12 @@ import msgspec
 import zstandard
 
 from handlers.state import Keys, Snapshot, Writes
-from limitflow.errors import LimitflowError, StoreRejected, StoreUnavailable
+from limitflow.errors import (
+    ConflictError,
+    LimitflowError,
+    StoreRejected,
+    StoreUnavailable,
+)
 from schemas.rules import RuleChanged, RuleSet, Window, check_kept_meanings, counter_meaning
 
 
@@ -68,6 +75,10 @@ _MALFORMED = (
 """What decoding a record that does not have limitflow's format raises, on any store."""
 
 DAY = 86_400
+
+KEEP_ATTEMPTS: Final = 8
+"""Tries at keeping new rule meanings beyond one per meaning, for write conflicts with
+other starts (``Store.keep_rules``)."""
 
 RETENTION_PARAMS = frozenset({"bucket_retention_days", "event_retention_days"})
 """Query parameters of every store URL that are limitflow's (``stores._retention``), never
@@ -245,24 +256,33 @@ class Store(abc.ABC):
     async def keep_rules(self, rules: RuleSet, *, keep: bool = True) -> int:
         """Keep what each rule's counters hold (``counter_meaning``) where this store has
         nothing kept for it yet, and refuse (``RuleChanged``) the rules whose counters were
-        kept under another meaning, before keeping anything. Concurrent callers agree: the
-        first to keep a meaning wins, and the others compare against it. With
-        ``keep=False``, only compare (a rule new to the store passes). Returns how many of
-        the rules' meanings the store had kept before."""
+        kept under another meaning. A refused start keeps nothing, also when another start
+        comes in between: the new meanings are kept all together or not at all, and
+        compared again when another start's got there first. With ``keep=False``, only
+        compare (a rule new to the store passes). Returns how many of the rules' meanings
+        the store had kept before."""
         meanings = dict(filter(None, map(counter_meaning, rules.rules)))
         keys = list(meanings)
         try:
             kept = await self._read_meanings(keys) if keys else {}
-            check_kept_meanings(rules, kept)  # a refused start keeps nothing
+            check_kept_meanings(rules, kept)
             known = len(kept)
-            if keep and known < len(keys):
-                await self._add_meanings({k: m for k, m in meanings.items() if k not in kept})
-                kept = await self._read_meanings(keys)  # another writer's, if it came first
+            # each refused write means another start kept some of these first: then fewer
+            # are left to keep, or the comparison refuses; a few more for write conflicts
+            for attempt in range(len(keys) + KEEP_ATTEMPTS if keep else 0):
+                missing = {k: m for k, m in meanings.items() if k not in kept}
+                if not missing:
+                    break
+                try:
+                    await self._add_meanings(missing)
+                except ConflictError:
+                    await asyncio.sleep(random.uniform(0, min(1.0, 0.02 * 2**attempt)))  # noqa: S311
+                kept = await self._read_meanings(keys)
                 check_kept_meanings(rules, kept)
-                if len(kept) < len(keys):
-                    raise StoreUnavailable(
-                        f"the store did not keep {', '.join(sorted(set(keys) - set(kept)))}"
-                    )
+            if keep and len(kept) < len(keys):
+                raise StoreUnavailable(
+                    f"the store did not keep {', '.join(sorted(set(keys) - set(kept)))}"
+                )
         except RuleChanged:
             raise
         except ValueError as exc:  # what _read_meanings and check_kept_meanings refuse
@@ -314,8 +334,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def _add_meanings(self, meanings: dict[str, str]) -> None:
-        """Store each meaning of ``meanings`` (by key) unless one is stored for its key
-        already (then keep that one), atomically per key."""
+        """Store every meaning of ``meanings`` (by key), all together, or none of them
+        and raise ``ConflictError`` when one is stored for any of the keys already (or
+        another writer's transaction on them conflicts): a meaning once stored is never
+        overwritten."""
 
     @abc.abstractmethod
     async def _forget_meanings(self, keys: list[str]) -> int:

@@ -467,12 +467,36 @@ class DynamoStore(Store):
         return kept
 
     async def _add_meanings(self, meanings: dict[str, str]) -> None:
-        # one transaction each (no other action than the commits' is needed): a key
-        # kept already fails its condition, and another member's meaning stays
-        await asyncio.gather(*(self._rule_item("Put", k, m) for k, m in meanings.items()))
+        # one transaction per MAX_TRANSACT_ITEMS (a file of more new counting rules is
+        # kept in parts): a key kept already fails its condition, and another member's
+        # meaning stays
+        items = list(meanings.items())
+        for start in range(0, len(items), MAX_TRANSACT_ITEMS):
+            puts = [
+                {
+                    "Put": {
+                        "TableName": self.table,
+                        "Item": {"pk": {"S": RULE + key}, "meaning": {"S": meaning}},
+                        "ConditionExpression": "attribute_not_exists(pk)",
+                    }
+                }
+                for key, meaning in items[start : start + MAX_TRANSACT_ITEMS]
+            ]
+            await self._transact_rules(puts)
 
     async def _forget_meanings(self, keys: list[str]) -> int:
-        return sum(await asyncio.gather(*(self._rule_item("Delete", key) for key in keys)))
+        client = await self._dynamodb()
+        forgotten = 0
+        for key in keys:
+            self.round_trips += 1
+            try:
+                done = await client.delete_item(
+                    TableName=self.table, Key={"pk": {"S": RULE + key}}, ReturnValues="ALL_OLD"
+                )
+            except _DRIVER_ERRORS as exc:
+                raise translate(exc, "DeleteItem") from exc
+            forgotten += "Attributes" in done
+        return forgotten
 
     async def _has_live_counters(self, prefix: str, now: int) -> bool:
         """A scan of the whole table (items are spread by a hash of their key): fine for
@@ -498,37 +522,21 @@ class DynamoStore(Store):
                 return False
             request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    async def _rule_item(self, action: str, key: str, meaning: str | None = None) -> int:
-        """Put the meaning of ``key`` where none is kept, or delete the one kept: 1 if done,
-        0 if the item was there already (a put), or not there (a delete)."""
-        pk = {"pk": {"S": RULE + key}}
-        if action == "Put":
-            request: dict[str, Any] = {"Item": {**pk, "meaning": {"S": meaning}}}
-            request["ConditionExpression"] = "attribute_not_exists(pk)"
-        else:
-            request = {"Key": pk, "ConditionExpression": "attribute_exists(pk)"}
+    async def _transact_rules(self, actions: list[dict[str, Any]]) -> None:
+        """Run ``actions`` on rule items in one transaction: ``ConflictError``, with
+        nothing done, when a condition fails or another start's transaction conflicts."""
         client = await self._dynamodb()
-        attempt = 0
-        while True:
-            self.round_trips += 1
-            try:
-                await client.transact_write_items(
-                    TransactItems=[{action: {"TableName": self.table, **request}}]
-                )
-                return 1
-            except ClientError as exc:
-                cancelled = _error_code(exc) == "TransactionCanceledException"
-                reasons = exc.response.get("CancellationReasons") or [{}]
-                code = reasons[0].get("Code") if cancelled else None
-                if code == "ConditionalCheckFailed":
-                    return 0
-                if code != "TransactionConflict" or attempt == _UNPROCESSED_RETRIES:
-                    raise translate(exc, "TransactWriteItems") from exc
-            except _DRIVER_ERRORS as exc:
-                raise translate(exc, "TransactWriteItems") from exc
-            # another member's start, writing the same item: try again after it
-            await asyncio.sleep(random.uniform(0, min(2.0, 0.025 * 2**attempt)))  # noqa: S311
-            attempt += 1
+        self.round_trips += 1
+        try:
+            await client.transact_write_items(TransactItems=actions)
+        except ClientError as exc:
+            if _error_code(exc) == "TransactionCanceledException":
+                codes = {r.get("Code") for r in exc.response.get("CancellationReasons") or ()}
+                if codes & {"ConditionalCheckFailed", "TransactionConflict"}:
+                    raise ConflictError(f"rule items changed since they were read: {exc}") from exc
+            raise translate(exc, "TransactWriteItems") from exc
+        except _DRIVER_ERRORS as exc:
+            raise translate(exc, "TransactWriteItems") from exc
 
     async def _write(self, writes: Writes, expected: Expected) -> None:
         if len(writes) > MAX_TRANSACT_ITEMS:

@@ -79,8 +79,10 @@ class MemoryStore(Store):
         return {key: kept[key] for key in keys if key in kept}
 
     async def _add_meanings(self, meanings: dict[str, str]) -> None:
-        for key, meaning in meanings.items():
-            self.data.rules.setdefault(key, meaning)
+        kept = self.data.rules
+        if not kept.keys().isdisjoint(meanings):
+            raise ConflictError("a rule's meaning was kept since it was read")
+        kept.update(meanings)
 
     async def _forget_meanings(self, keys: list[str]) -> int:
         return sum(self.data.rules.pop(key, None) is not None for key in keys)

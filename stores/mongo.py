@@ -199,17 +199,19 @@ class MongoStore(Store):
         return kept
 
     async def _add_meanings(self, meanings: dict[str, str]) -> None:
-        self.round_trips += 1
+        docs = [{"_id": key, "meaning": m} for key, m in meanings.items()]
         try:
-            await self._collection(RULES).insert_many(
-                [{"_id": key, "meaning": m} for key, m in meanings.items()], ordered=False
-            )
-        except BulkWriteError as exc:  # another member's, if it got there first, stays
-            details = exc.details
-            if details.get("writeConcernErrors") or any(
-                e.get("code") != _DUPLICATE_KEY for e in details.get("writeErrors", ())
-            ):
-                raise _translate(exc) from exc
+            async with self.client.start_session(causal_consistency=False) as session:
+                await session.start_transaction(write_concern=WriteConcern("majority"))
+                # a duplicate key (another member's, if it got there first, stays) aborts
+                # the transaction: none of these is kept
+                try:
+                    self.round_trips += 1
+                    await self._collection(RULES).insert_many(docs, session=session)
+                    await self._commit(session)
+                except PyMongoError:
+                    _discard_server_session(session)
+                    raise
         except PyMongoError as exc:
             raise _translate(exc) from exc
 

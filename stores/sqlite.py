@@ -349,10 +349,11 @@ class SqliteStore(Store):
         return kept
 
     async def _add_meanings(self, meanings: dict[str, str]) -> None:
-        self._in_meta(
-            "INSERT OR IGNORE INTO meta VALUES (?, ?)",  # another process's, if first, stays
-            [(_RULE + key, meaning) for key, meaning in meanings.items()],
-        )
+        rows: list[tuple[str, ...]] = [(_RULE + k, m) for k, m in meanings.items()]
+        # another process's, if first, stays, and none of these is kept
+        if self._in_meta("INSERT OR IGNORE INTO meta VALUES (?, ?)", rows, all_or_none=True):
+            return
+        raise ConflictError("a rule's meaning was kept since it was read")
 
     async def _forget_meanings(self, keys: list[str]) -> int:
         return self._in_meta("DELETE FROM meta WHERE name = ?", [(_RULE + k,) for k in keys])
@@ -368,9 +369,12 @@ class SqliteStore(Store):
             raise _translate(exc) from exc
         return found is not None
 
-    def _in_meta(self, statement: str, rows: list[tuple[str, ...]]) -> int:
+    def _in_meta(
+        self, statement: str, rows: list[tuple[str, ...]], *, all_or_none: bool = False
+    ) -> int:
         """Run ``statement`` for each of ``rows`` in one write transaction on ``meta``;
-        how many rows it changed. At a start (a rule new to the file) or by hand: it
+        how many rows it changed (``all_or_none``: 0, rolled back, unless it changed one
+        for each row). At a start (a rule new to the file) or by hand: it
         waits as long as a replay's commit would, also in a consumer, whose commits wait
         briefly and retry (a consumer starting while another commits waited 1 s, then
         failed)."""
@@ -380,6 +384,9 @@ class SqliteStore(Store):
             try:
                 db.execute(_META_SCHEMA)
                 changed = db.executemany(statement, rows).rowcount
+                if all_or_none and changed != len(rows):
+                    db.execute("ROLLBACK")
+                    return 0
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:

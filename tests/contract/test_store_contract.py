@@ -819,6 +819,52 @@ async def test_stores_started_together_keep_one_meaning_for_a_rule(store_url: st
             await store.close()
 
 
+async def test_a_start_refused_because_another_came_first_keeps_nothing(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # both see nothing kept; the other start keeps 'day' in UTC between this start's
+    # read and its write: this one is refused for 'day', and its 'card' (new to the store
+    # too) is not kept, or the other's file, with 'card' by channel, would be refused
+    this, other = await handles(store_url, NOW, NOW)
+    utc_day = ("zone: Asia/Shanghai", "zone: UTC")
+    by_channel = ("[card_id, channel]", "channel")
+    read = this._read_meanings
+    reads = 0
+
+    async def read_then_other_starts(keys: list[str]) -> dict[str, str]:
+        nonlocal reads
+        kept = await read(keys)
+        reads += 1
+        if reads == 1:
+            day_rule = _MEANING_RULES.replace(*utc_day).splitlines()[:3]
+            await other.keep_rules(parse_rules("\n".join(day_rule)))
+        return kept
+
+    monkeypatch.setattr(this, "_read_meanings", read_then_other_starts)
+    try:
+        with pytest.raises(RuleChanged, match=r"^rule 'day': the store keeps its day counters"):
+            await this.keep_rules(_meaning_rules_with())
+        assert reads >= 2  # it compared again
+        assert await other.keep_rules(_meaning_rules_with(utc_day, by_channel)) == 1
+        assert await other.keep_rules(_meaning_rules_with(utc_day, by_channel)) == 2
+    finally:
+        for store in (this, other):
+            await store.close()
+
+
+async def test_more_new_rules_than_one_request_holds_are_kept(store_url: str) -> None:
+    many = "".join(f"  - {{id: r{i}, window: day, max_count: 1}}\n" for i in range(130))
+    (store,) = await handles(store_url, NOW)
+    try:
+        assert await store.keep_rules(parse_rules("rules:\n" + many)) == 0
+        assert await store.keep_rules(parse_rules("rules:\n" + many)) == 130
+        with pytest.raises(RuleChanged, match=r"^rule 'r129': "):
+            tokyo = many.replace("r129, window: day,", "r129, window: day, timezone: Asia/Tokyo,")
+            await store.keep_rules(parse_rules("rules:\n" + tokyo))
+    finally:
+        await store.close()
+
+
 async def test_comparing_rules_with_a_store_writes_nothing(store_url: str) -> None:
     (store,) = await handles(store_url, NOW)
     try:
