@@ -188,7 +188,10 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
     with contextlib.ExitStack() as files:
         # the input first: an unreadable one fails before a sqlite file is made for it
         source = files.enter_context(_open_binary(args.input, "rb"))
-        store = await open_ready_store(args.store, rules)
+        store = await signals.unless_stopped(args.store, rules)
+        if store is None:
+            _say("limitflow: stopped before the replay started: nothing was decided or written")
+            return EXIT_INTERRUPTED
         assert isinstance(store, Store)
         try:
             # once the store is open: a sqlite file it has just made exists only now
@@ -273,10 +276,31 @@ class _Signals:
         self.over = False
         """Set once the replay is over: a first signal then is only noted."""
         self._before: dict[int, Any] = {}
+        self._opening: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        """While the store opens (its servers may be waited for): a first signal sets
+        the event, on its loop."""
+
+    async def unless_stopped(self, url: str, rules: RuleSet) -> object | None:
+        """The store of ``url``, opened as ``open_ready_store`` does, with the handlers
+        installed: None if a signal comes first (the default action ended the process
+        with 143, without a word)."""
+        from limitflow.run_cli import store_unless_stopped
+
+        self._install()
+        stopped = asyncio.Event()
+        self._opening = asyncio.get_running_loop(), stopped
+        try:
+            return await store_unless_stopped(url, rules, stopped, consumer=False)
+        finally:
+            self._opening = None
+
+    def _install(self) -> None:
+        if not self._before:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._before[sig] = signal.signal(sig, self._handle)
 
     def __enter__(self) -> _Signals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._before[sig] = signal.signal(sig, self._handle)
+        self._install()
         return self
 
     def _handle(self, signum: int, _frame: object) -> None:
@@ -289,6 +313,11 @@ class _Signals:
         self.stop.requested = True
         if self.over:
             _say(f"limitflow: {name}: the replay is over; finishing (again to stop at once)")
+            return
+        if self._opening is not None:
+            _say(f"limitflow: {name}: stopping before the replay starts (again to stop at once)")
+            loop, stopped = self._opening
+            loop.call_soon_threadsafe(stopped.set)
             return
         _say(f"limitflow: {name}: finishing the batch in hand (again to stop at once)")
         if self.stop.reading:

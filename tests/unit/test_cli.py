@@ -1353,6 +1353,43 @@ def test_run_waiting_for_its_store_stops_on_a_signal_with_exit_0(
 
 
 @needs_proc
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_replay_waiting_for_its_store_stops_on_a_signal_and_writes_nothing(
+    tmp_path: Path, rules: Path, sig: int
+) -> None:
+    # the replay's handlers came only once the store was open: a SIGTERM meanwhile ended
+    # it by the default action, 143 and not a word, where a replay stopped says so, 130
+    source = write(tmp_path / "events.jsonl", [pay("e1")])
+    err = tmp_path / "stderr"
+    with open(err, "wb") as sink:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
+                *("--input", str(source), "--output", "v.jsonl", "--dead-letter", "d.jsonl"),
+                "--store",
+                f"mongodb://127.0.0.1:{_closed_port()}/x?serverSelectionTimeoutMS=120000",
+            ],
+            cwd=tmp_path,
+            stdout=sink,
+            stderr=sink,
+        )
+    deadline = time.monotonic() + 60
+    # its handlers of both come as the store opens (Python's own catches SIGINT before)
+    while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+        assert proc.poll() is None, err.read_text(errors="replace")
+        time.sleep(0.01)
+    time.sleep(0.5)  # into the wait for the server
+    proc.send_signal(sig)
+    code, log = _stopped(proc, err)
+    assert code == 130, log
+    name = signal.Signals(sig).name
+    assert f"limitflow: {name}: stopping before the replay starts" in log
+    assert "stopped before the replay started: nothing was decided or written" in log
+    assert "Traceback" not in log
+    assert not (tmp_path / "v.jsonl").exists() and not (tmp_path / "d.jsonl").exists()
+
+
+@needs_proc
 @pytest.mark.parametrize("delay", [0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, None])
 def test_run_stops_on_sigterm_from_its_first_moments_with_exit_0(
     tmp_path: Path, rules: Path, delay: float | None
