@@ -10,8 +10,8 @@ import calendar
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Final
-from zoneinfo import ZoneInfo
 
+from schemas import zones
 from schemas.rules import Window
 
 END_SLACK: Final = 86_400
@@ -96,7 +96,7 @@ class PeriodClock:
     __slots__ = ("_cache", "_zone")
 
     def __init__(self, zone: str) -> None:
-        self._zone = ZoneInfo(zone)
+        self._zone = zones.zone(zone)
         self._cache: dict[int, Periods | None] = {}
         """Periods of an epoch minute; None for a minute that is not one local minute."""
 

@@ -338,7 +338,12 @@ class _Signals:
 
 def _rules_check(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
     rules = _rules(args.rules)
-    print(f"{args.rules}: {_count(len(rules.rules), 'rule')}, version {rules.version}")
+    from schemas.zones import DATA_VERSION
+
+    print(
+        f"{args.rules}: {_count(len(rules.rules), 'rule')}, version {rules.version},"
+        f" zone data IANA {DATA_VERSION}"
+    )
     for rule in rules.rules:
         limits = []
         if rule.max_count is not None:

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import enum
-import functools
 import hashlib
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Final
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from zoneinfo import ZoneInfoNotFoundError
 
 import msgspec
 import yaml
 
 from limitflow.errors import LimitflowError
+from schemas import zones
 from schemas.amounts import AmountError, number_text, to_minor
 from schemas.currencies import MINOR_UNITS
 
@@ -315,12 +315,6 @@ for _tag, _method in (
     _RulesLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _method)
 
 
-@functools.cache
-def _zones() -> frozenset[str]:
-    """IANA zone names (not aliases of the host's clock such as ``localtime``)."""
-    return frozenset(available_timezones()) - {"localtime", "posixrules"}
-
-
 def _compile(doc: RuleDoc) -> Rule:
     where = f"rule {doc.id!r}"
     if not _RULE_ID.fullmatch(doc.id):
@@ -334,9 +328,7 @@ def _compile(doc: RuleDoc) -> Rule:
     if len(set(scope)) != len(scope):
         raise RulesError(f"{where}: scope: lists a field twice")
     try:
-        if doc.timezone not in _zones():
-            raise ZoneInfoNotFoundError(doc.timezone)
-        ZoneInfo(doc.timezone)
+        zones.zone(doc.timezone)
     except (ZoneInfoNotFoundError, ValueError):
         raise RulesError(f"{where}: timezone: {doc.timezone!r} is not an IANA zone") from None
     if doc.currency is not None and doc.currency not in MINOR_UNITS:
@@ -491,7 +483,7 @@ def check_kept_meanings(rules: RuleSet, kept: dict[str, str]) -> None:
         changed = [
             f"{name} {_shown(before.get(name))} (now {_shown(now[name])})"
             for name in COUNTER_FIELDS
-            if before.get(name) != now[name]
+            if before.get(name) != now[name] and not _one_zone(name, before[name], now[name])
         ]
         if changed:  # else the same meaning, written another way
             problems.append(
@@ -503,6 +495,17 @@ def check_kept_meanings(rules: RuleSet, kept: dict[str, str]) -> None:
             f"{'; '.join(problems)}. A rule's id names its counters: give a changed rule a"
             " new id, or change it back"
         )
+
+
+def _one_zone(name: str, before: object, now: object) -> bool:
+    """Whether a kept zone and a rule's are one zone by two names (``PRC`` and
+    ``Asia/Shanghai``): its counters hold the same periods."""
+    return (
+        name == "timezone"
+        and isinstance(before, str)
+        and isinstance(now, str)
+        and zones.same_zone(before, now)
+    )
 
 
 def _is_meaning(value: object) -> bool:

@@ -13,13 +13,13 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handlers.decide import Decider, OutcomeKind
+from schemas import zones
 from schemas.rules import parse_rules
 from stores.memory import MemoryStore
 from streams.engine import Engine, Record
@@ -116,7 +116,7 @@ def model_rules(limits: dict[str, int]) -> list[ModelRule]:
 
 
 def model_period(rule: ModelRule, moment: datetime) -> str:
-    local = moment.astimezone(ZoneInfo(rule.zone))
+    local = moment.astimezone(zones.zone(rule.zone))
     if rule.window == "week":
         year, week, _ = local.isocalendar()
         return f"{year}-W{week:02d}"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import zoneinfo
 from datetime import UTC, datetime
-from zoneinfo import ZoneInfo
+from importlib import resources
+from pathlib import Path
 
 import pytest
 
 from handlers.periods import END_SLACK, PeriodClock, clock_for, period_key
-from schemas.rules import Window
+from schemas import zones
+from schemas.rules import Window, parse_rules
 
 
 def epoch(text: str) -> int:
@@ -167,7 +170,7 @@ def test_lifetime_and_transaction_never_change() -> None:
 def test_the_clock_agrees_with_period_key_second_by_second(zone: str) -> None:
     # PeriodClock caches per epoch minute; walk across minute, hour, day and DST edges
     clock = PeriodClock(zone)
-    tz = ZoneInfo(zone)
+    tz = zones.zone(zone)
     starts = ["2026-03-08T06:58:30Z", "2026-11-01T05:58:30Z", "2026-01-31T15:58:30Z"]
     for start in starts:
         first = epoch(start)
@@ -190,7 +193,7 @@ def test_offsets_with_seconds_give_the_local_period_of_each_instant(zone: str, s
     # the per-minute cache gave a whole epoch minute the keys of its first second, so
     # 00:00:15 local on 1 June 1971 in Monrovia counted in 31 May
     clock = PeriodClock(zone)
-    tz = ZoneInfo(zone)
+    tz = zones.zone(zone)
     first = epoch(start)
     for second in range(first, first + 240):
         local = datetime.fromtimestamp(second, tz)
@@ -315,3 +318,27 @@ def test_a_clock_keeps_a_bounded_number_of_minutes() -> None:
     for minute in range(first, first + periods._CACHE_LIMIT + 10):
         clock.minute_periods(minute)
     assert 0 < len(clock._cache) <= periods._CACHE_LIMIT <= 20_000
+
+
+def test_zones_come_from_the_tzdata_package_whatever_the_host_holds(tmp_path: Path) -> None:
+    # zoneinfo reads the host's zone files first: a host whose data said otherwise (older
+    # or newer than the package, as this machine's 2025b against the package's 2026f
+    # for America/Vancouver from 2026-11-01) put the same event in another period
+    (tmp_path / "Asia").mkdir()
+    (tmp_path / "Asia" / "Shanghai").write_bytes(
+        resources.files("tzdata.zoneinfo").joinpath("UTC").read_bytes()
+    )
+    zoneinfo.reset_tzpath([str(tmp_path)])
+    zoneinfo.ZoneInfo.clear_cache()
+    zones.zone.cache_clear()
+    try:
+        moment = datetime(2026, 1, 31, 16, 30, tzinfo=UTC)
+        assert moment.astimezone(zoneinfo.ZoneInfo("Asia/Shanghai")).day == 31  # the host's
+        assert PeriodClock("Asia/Shanghai").keys(int(moment.timestamp()))[Window.DAY] == (
+            "2026-02-01"
+        )
+        parse_rules("rules: [{id: a, window: day, max_count: 1, timezone: Asia/Tokyo}]")
+    finally:
+        zoneinfo.reset_tzpath()
+        zoneinfo.ZoneInfo.clear_cache()
+        zones.zone.cache_clear()

@@ -563,6 +563,17 @@ def test_a_rule_s_counters_of_a_window_mean_its_zone_currency_and_scope() -> Non
     )
 
 
+def test_a_zone_renamed_to_another_name_of_it_is_not_a_change() -> None:
+    kept = dict(filter(None, map(counter_meaning, parse_rules(VALID).rules)))
+    kept["acct-day-cny:day"] = kept["acct-day-cny:day"].replace("Asia/Shanghai", "PRC")
+    kept["card.merchant_hour-1:hour"] = kept["card.merchant_hour-1:hour"].replace(
+        '"UTC"', '"Etc/Zulu"'
+    )
+    check_kept_meanings(parse_rules(VALID), kept)  # the same zones' periods
+    with pytest.raises(RuleChanged, match=r"timezone PRC \(now Asia/Hong_Kong\)"):
+        check_kept_meanings(parse_rules(VALID.replace("Asia/Shanghai", "Asia/Hong_Kong")), kept)
+
+
 def test_kept_meanings_refuse_only_what_changes_a_counter() -> None:
     kept = dict(filter(None, map(counter_meaning, parse_rules(VALID).rules)))
     kept["gone:year"] = '{"timezone":"UTC"}'  # a rule no longer in the file: not looked at
