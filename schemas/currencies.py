@@ -24,3 +24,6 @@ MINOR_UNITS: Final[dict[str, int]] = {
     **dict.fromkeys(_FOUR.split(), 4),
 }
 """Currency code → number of fraction digits allowed in amounts of that currency."""
+
+FINEST_MINOR_UNIT: Final = max(MINOR_UNITS.values())
+"""The most fraction digits any currency has (4: CLF, UYW)."""

@@ -28,7 +28,7 @@ from schemas.amounts import (
     to_minor,
     without_trailing_zeros,
 )
-from schemas.currencies import MINOR_UNITS
+from schemas.currencies import FINEST_MINOR_UNIT, MINOR_UNITS
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _CORE_FIELDS: Final = frozenset(
@@ -404,9 +404,7 @@ def _checked_event(doc: dict[str, Any]) -> Event:
             if currency is not None:
                 amount = to_minor(raw_amount, MINOR_UNITS[currency])
             else:
-                amount_decimal = to_decimal(raw_amount)
-                if amount_decimal <= 0:
-                    raise AmountError(f"{raw_amount!r} must be > 0")
+                amount_decimal = _currency_free_amount(raw_amount)
         except AmountError as exc:
             raise EventRejected(DeadLetterError.INVALID_EVENT, f"amount: {exc}") from None
 
@@ -594,6 +592,20 @@ _PLAIN_TYPES: Final = (str, bool, type(None))
 _LONGEST_INT: Final = 10**18
 """Integers at least this long are compared as numbers, not as digits: a decoder may read
 such a literal as an integer or as a number with an exponent."""
+
+
+def _currency_free_amount(raw: object) -> Decimal:
+    """A reversal's amount sent without a currency (the original's, known once it is
+    looked up): > 0, with no more fraction digits than some currency has, written plain
+    as the verdict shows it (``1E+3`` is ``1000``; trailing zeros as sent)."""
+    number = to_decimal(raw)
+    if number <= 0:
+        raise AmountError(f"{raw!r} must be > 0")
+    exp = without_trailing_zeros(number).as_tuple().exponent
+    assert isinstance(exp, int)  # finite
+    if -exp > FINEST_MINOR_UNIT:
+        raise AmountError(f"{raw!r} has more fraction digits than any currency allows")
+    return Decimal(format(number, "f"))
 
 
 def _numbers_by_value(value: Any) -> Any:

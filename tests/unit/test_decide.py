@@ -301,6 +301,25 @@ def test_reversal_amount_without_currency_uses_the_original_minor_unit() -> None
     assert verdicts[2] == ("dead", "invalid_event")
 
 
+def test_a_reversal_amount_finer_than_any_currency_is_dead_lettered_whatever_its_original() -> None:
+    # its currency is unknown until the original is found; when none is (another
+    # account's, or no such id), 1E-9 got a verdict, and 1e3 was shown as "1E+3"
+    verdicts = run(
+        pay("p1", "60.00", account_id="b"),
+        reverse("r1", "p1", "0.000000001"),
+        reverse("r2", "nope", "0.00001"),
+        reverse("r3", "nope", "0.0001"),  # as fine as CLF and UYW go
+        reverse("r4", "nope", "1e3"),
+        reverse("r5", "nope", "3.250"),
+    )
+    assert verdicts[1:3] == [("dead", "invalid_event")] * 2
+    assert [(v["reason"], v["amount"]) for v in verdicts[3:]] == [
+        ("original_not_found", "0.0001"),
+        ("original_not_found", "1000"),
+        ("original_not_found", "3.250"),  # as sent
+    ]
+
+
 def test_reversal_of_a_rejected_payment_keeps_to_the_original_minor_unit() -> None:
     verdicts = run(
         pay("big", "500.00"),  # rejected

@@ -235,11 +235,12 @@ def test_zeros_far_past_the_minor_unit_are_read_without_building_a_huge_int() ->
 
 
 def test_a_reversal_amount_past_28_digits_is_not_the_rounded_amount() -> None:
-    # a different payload: its fingerprint must differ from the rounded amount's
-    long = parse(reversal(amount="1.0000000000000000000000000000001"))
+    # not read as 1 (Decimal rounds to 28 digits): finer than any currency, refused
+    error = refused(reversal(amount="1.0000000000000000000000000000001"))
+    assert error.detail.endswith("has more fraction digits than any currency allows")
     short = parse(reversal(amount="1"))
-    assert long.fingerprint != short.fingerprint
     assert parse(reversal(amount="1.000")).fingerprint == short.fingerprint
+    assert parse(reversal(amount="1.0001")).fingerprint != short.fingerprint
 
 
 @pytest.mark.parametrize(("currency", "literal"), [("CNY", "10.005"), ("JPY", "100.5")])
@@ -505,6 +506,21 @@ def test_a_reversal_amount_without_currency_is_kept_as_a_decimal() -> None:
     event = parse(reversal(amount="3.250"))
     assert event.amount is None
     assert event.amount_decimal == Decimal("3.25")
+
+
+@pytest.mark.parametrize("amount", ["0.00001", "1E-9", 1e-5])
+def test_a_reversal_amount_without_currency_finer_than_any_currency_is_refused(
+    amount: Any,
+) -> None:
+    error = refused(reversal(amount=amount))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail.startswith("amount: ")
+    assert error.detail.endswith(" has more fraction digits than any currency allows")
+
+
+def test_a_reversal_amount_without_currency_is_written_plain() -> None:
+    assert str(parse(reversal(amount="1e3")).amount_decimal) == "1000"
+    assert str(parse(reversal(amount="0.00010")).amount_decimal) == "0.00010"
 
 
 @pytest.mark.parametrize("value", [_DROP, None])
