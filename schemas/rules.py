@@ -14,7 +14,7 @@ import yaml
 
 from limitflow.errors import LimitflowError
 from schemas import zones
-from schemas.amounts import AmountError, number_text, to_minor
+from schemas.amounts import MAX_MINOR, AmountError, number_text, to_minor
 from schemas.currencies import MINOR_UNITS
 
 
@@ -46,7 +46,9 @@ class RuleDoc(msgspec.Struct, forbid_unknown_fields=True):
     """IANA zone name; periods are calendar periods in this zone."""
     currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}$")] | None = None
     """The rule applies only to events in this currency."""
-    max_count: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    max_count: Annotated[int, msgspec.Meta(ge=0, le=MAX_MINOR)] | None = None
+    """At most 15 digits, as amounts in minor units: verdicts show it, and JSON readers
+    such as JavaScript keep integers exact only up to 2^53."""
     max_amount: str | int | float | None = None
     """Decimal >= 0 in ``currency`` (a string keeps it exact)."""
     match: dict[str, Scalar | list[Scalar]] | None = None

@@ -608,3 +608,11 @@ def test_kept_meanings_refuse_only_what_changes_a_counter() -> None:
         kept["acct-day-cny:day"] = damaged
         with pytest.raises(ValueError, match=f"meaning kept for 'acct-day-cny:day' is {said}"):
             check_kept_meanings(parse_rules(VALID), kept)
+
+
+def test_max_count_has_at_most_15_digits_as_amounts_do() -> None:
+    # a verdict shows count_limit and count_remaining: 99999999999999999999 was taken,
+    # past the stores' 64-bit integers and the integers JSON readers keep exact
+    assert parse_rules(one_rule("window: day\nmax_count: 999999999999999")).rules[0].max_count
+    message = refusal(one_rule("window: day\nmax_count: 1000000000000000"))
+    assert "max_count" in message and "<= 999999999999999" in message
