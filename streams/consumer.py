@@ -278,6 +278,10 @@ class VelocityConsumer:
 
     async def partitions_revoked(self, revoked: frozenset[TopicPartition]) -> None:
         """Let the batch in hand finish (or, if stuck on an outage, be abandoned)."""
+        # not ready until the group assigns again (a join that never completes showed
+        # ready, with the partitions it had lost)
+        self.health.rebalancing = True
+        self.health.assigned -= frozenset(_names(revoked))
         self._revoking = True
         if self.health.state is ConsumerState.WAITING:
             self._interrupt.set()
@@ -300,6 +304,7 @@ class VelocityConsumer:
 
     async def partitions_assigned(self, assigned: frozenset[TopicPartition]) -> None:
         self.health.assigned = frozenset(_names(assigned))
+        self.health.rebalancing = False
         if self.health.state is ConsumerState.STARTING:
             self.health.set(ConsumerState.RUNNING)
         if assigned:

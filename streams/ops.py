@@ -239,6 +239,9 @@ class Health:
         self.assigned: frozenset[str] = frozenset()
         self.waiting_on: str | None = None
         self.last_batch_at: float | None = None
+        self.rebalancing = False
+        """Between a revocation (aiokafka's, before every join) and the next assignment:
+        the member owns nothing and is joining its group again."""
         metrics.set_state(self.state)
 
     def set(self, state: ConsumerState, waiting_on: str | None = None) -> None:
@@ -252,12 +255,13 @@ class Health:
 
     @property
     def ready(self) -> bool:
-        return self.state is ConsumerState.RUNNING
+        return self.state is ConsumerState.RUNNING and not self.rebalancing
 
     def describe(self) -> dict[str, Any]:
+        joining = self.state is ConsumerState.RUNNING and self.rebalancing
         return {
-            "state": self.state.value,
-            "waiting_on": self.waiting_on,
+            "state": ConsumerState.WAITING.value if joining else self.state.value,
+            "waiting_on": "group" if joining else self.waiting_on,
             "assigned": sorted(self.assigned),
             "seconds_since_last_batch": None
             if self.last_batch_at is None

@@ -143,6 +143,33 @@ async def test_partitions_assigned_once_stopping_are_left_paused_for_their_next_
     assert second in consumer.paused
 
 
+async def test_a_member_joining_its_group_again_is_not_ready_and_owns_nothing() -> None:
+    # a join that never completed (tansu keeps a departed leader while the group
+    # rebalances) showed 200 "running", with the partitions the member had lost
+    consumer = _Consumer()
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()), _TakeOvers())
+    loop = asyncio.create_task(runner.run())
+    health = runner.health
+    tps = TopicPartition("in", 0), TopicPartition("in", 1)
+    await runner.partitions_revoked(frozenset())  # aiokafka's, before the first join
+    consumer.assigned = set(tps)
+    await runner.partitions_assigned(frozenset(tps))
+    assert health.ready and health.describe()["assigned"] == ["in:0", "in:1"]
+    await runner.partitions_revoked(frozenset(tps))
+    assert not health.ready
+    assert {k: health.describe()[k] for k in ("state", "waiting_on", "assigned")} == {
+        "state": "waiting",
+        "waiting_on": "group",
+        "assigned": [],
+    }
+    consumer.assigned = {tps[1]}
+    await runner.partitions_assigned(frozenset({tps[1]}))
+    assert health.ready
+    assert health.describe()["state"] == "running" and health.describe()["assigned"] == ["in:1"]
+    runner.request_stop()
+    await asyncio.wait_for(loop, 5)
+
+
 async def test_results_are_counted_by_decision_reason_and_error() -> None:
     """Counted per label set, once per batch: the totals are still one per result."""
     engine = Engine(Decider(load_rules(RULES)), MemoryStore())
