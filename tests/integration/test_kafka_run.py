@@ -111,9 +111,14 @@ def make_events(count: int, *, accounts: int = 12, seed: int = 1) -> list[bytes]
             sent.append((doc["event_id"], account))
         lines.append(json.dumps(doc).encode())
     # same event_id, different content: an idempotency conflict on the same account
-    first = json.loads(lines[0])
-    first["amount"] = "1.23"
-    lines.append(json.dumps(first).encode())
+    if sent:  # the first payment's (the first line may be bad input, by the seed)
+        first = next(
+            doc
+            for doc in (json.loads(line) for line in lines if line.startswith(b'{"event_id"'))
+            if doc["event_id"] == sent[0][0]
+        )
+        first["amount"] = "1.23"
+        lines.append(json.dumps(first).encode())
     return lines
 
 
