@@ -280,7 +280,7 @@ class VelocityConsumer:
         """Let the batch in hand finish (or, if stuck on an outage, be abandoned)."""
         # not ready until the group assigns again (a join that never completes showed
         # ready, with the partitions it had lost)
-        self.health.rebalancing = True
+        self.health.set_rebalancing(True)
         self.health.assigned -= frozenset(_names(revoked))
         self._revoking = True
         if self.health.state is ConsumerState.WAITING:
@@ -304,7 +304,7 @@ class VelocityConsumer:
 
     async def partitions_assigned(self, assigned: frozenset[TopicPartition]) -> None:
         self.health.assigned = frozenset(_names(assigned))
-        self.health.rebalancing = False
+        self.health.set_rebalancing(False)
         if self.health.state is ConsumerState.STARTING:
             self.health.set(ConsumerState.RUNNING)
         if assigned:

@@ -241,13 +241,26 @@ class Health:
         self.last_batch_at: float | None = None
         self.rebalancing = False
         """Between a revocation (aiokafka's, before every join) and the next assignment:
-        the member owns nothing and is joining its group again."""
+        the member owns nothing and is joining its group again (``set_rebalancing``)."""
         metrics.set_state(self.state)
 
     def set(self, state: ConsumerState, waiting_on: str | None = None) -> None:
         self.state = state
         self.waiting_on = waiting_on
-        self.metrics.set_state(state)
+        self.metrics.set_state(self._shown_state)
+
+    def set_rebalancing(self, rebalancing: bool) -> None:
+        self.rebalancing = rebalancing
+        self.metrics.set_state(self._shown_state)
+
+    @property
+    def _joining(self) -> bool:
+        """Running, but joining the group again: shown as waiting on it."""
+        return self.state is ConsumerState.RUNNING and self.rebalancing
+
+    @property
+    def _shown_state(self) -> ConsumerState:
+        return ConsumerState.WAITING if self._joining else self.state
 
     @property
     def live(self) -> bool:
@@ -258,10 +271,9 @@ class Health:
         return self.state is ConsumerState.RUNNING and not self.rebalancing
 
     def describe(self) -> dict[str, Any]:
-        joining = self.state is ConsumerState.RUNNING and self.rebalancing
         return {
-            "state": ConsumerState.WAITING.value if joining else self.state.value,
-            "waiting_on": "group" if joining else self.waiting_on,
+            "state": self._shown_state.value,
+            "waiting_on": "group" if self._joining else self.waiting_on,
             "assigned": sorted(self.assigned),
             "seconds_since_last_batch": None
             if self.last_batch_at is None

@@ -162,10 +162,14 @@ async def test_a_member_joining_its_group_again_is_not_ready_and_owns_nothing() 
         "waiting_on": "group",
         "assigned": [],
     }
+    state = runner.metrics.registry.get_sample_value
+    assert state("limitflow_consumer_state", {"state": "waiting"}) == 1  # the metric agrees
+    assert state("limitflow_consumer_state", {"state": "running"}) == 0
     consumer.assigned = {tps[1]}
     await runner.partitions_assigned(frozenset({tps[1]}))
     assert health.ready
     assert health.describe()["state"] == "running" and health.describe()["assigned"] == ["in:1"]
+    assert state("limitflow_consumer_state", {"state": "running"}) == 1
     runner.request_stop()
     await asyncio.wait_for(loop, 5)
 
