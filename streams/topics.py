@@ -21,9 +21,11 @@ class TopicError(LimitflowError):
 
 
 async def create_topics(admin: AIOKafkaAdminClient, settings: TopicSettings) -> dict[str, str]:
-    """Create the three topics that are missing; ``{topic: "created" | "exists"}``.
+    """Create the three topics that are missing; ``{topic: "created" | "exists" | …}``.
 
-    Existing topics are left as they are (their partition count is not changed).
+    Existing topics are left as they are (their partition count is not changed); one
+    with another partition count than asked is said so, and logged: an input topic with
+    fewer partitions than planned caps how many members share the work, silently.
     """
     kafka = settings.kafka
     names = [kafka.input_topic, kafka.output_topic, kafka.dead_letter_topic]
@@ -42,6 +44,13 @@ async def create_topics(admin: AIOKafkaAdminClient, settings: TopicSettings) -> 
             log.info("topic created", extra={"topic": name, "partitions": settings.partitions})
         elif code == _ALREADY_EXISTS:
             outcome[name] = "exists"
+            has = await partition_count(admin, name)
+            if has != settings.partitions:
+                outcome[name] = f"exists, kept with {has} partitions (not {settings.partitions})"
+                log.warning(
+                    "topic exists with another partition count: kept",
+                    extra={"topic": name, "partitions": has, "asked": settings.partitions},
+                )
         else:
             failures.append(f"{name}: error {code} {message or ''}".strip())
     if failures:

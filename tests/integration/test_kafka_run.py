@@ -1330,3 +1330,29 @@ async def test_partitions_added_to_the_input_topic_are_read_within_a_minute(
         assert s.stop(proc) == 0
     finally:
         s.kill_all()
+
+
+def test_topics_create_says_when_a_topic_exists_with_another_partition_count(
+    setup: Setup,
+) -> None:
+    # "exists" was all it said: an input topic of fewer partitions than planned caps how
+    # many members share the work, and nothing told the operator
+    def create(partitions: int) -> list[str]:
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "limitflow", "topics", "create"),
+                *(*setup.topic_args(), "--partitions", str(partitions)),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        return done.stdout.decode().splitlines()
+
+    names = setup.topics
+    assert create(PARTITIONS) == [f"{name}: exists" for name in names]
+    assert create(PARTITIONS + 2) == [
+        f"{name}: exists, kept with {PARTITIONS} partitions (not {PARTITIONS + 2})"
+        for name in names
+    ]
