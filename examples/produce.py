@@ -84,7 +84,13 @@ def main() -> int:
     parser.add_argument("--topic", default="limitflow.events")
     parser.add_argument("--file", default=str(ROOT / "examples" / "events.jsonl"))
     parser.add_argument("--generate", type=int, default=0, help="generated events after the file")
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=7,
+        help="of the generated events (their ids are evt-0, evt-1, … whatever the seed:"
+        " another seed on the same topic and store gives idempotency conflicts)",
+    )
     parser.add_argument("--rate", type=float, default=100.0, help="events a second; 0: no limit")
     parser.add_argument("--wait", type=float, default=120.0, help="seconds to wait for the broker")
     return asyncio.run(produce(parser.parse_args()))
