@@ -154,6 +154,9 @@ def _convert(name: str, raw: Any, kind: Any) -> Any:
                 return False
             raise ValueError(f"not a boolean: {raw!r}")
         if kind in (Guarantee, "Guarantee"):
+            if text not in set(Guarantee):
+                choices = ", ".join(Guarantee)
+                raise ValueError(f"must be one of {choices}, not {raw!r}")
             return Guarantee(text)
     except ValueError as exc:
         raise ConfigError(f"{name} ({env_name(name)}): {exc}") from None
@@ -283,7 +286,8 @@ def check_bootstrap(servers: str) -> None:
         host, sep, port = host_port.strip().rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ConfigError(
-                f"bootstrap_servers: expected HOST:PORT[,HOST:PORT…], got {servers!r}"
+                f"bootstrap_servers ({env_name('bootstrap_servers')}): expected"
+                f" HOST:PORT[,HOST:PORT…], got {servers!r}"
             )
 
 

@@ -114,6 +114,23 @@ def test_bad_values_are_config_errors(name: str, value: str) -> None:
         load_run_settings({}, env_of({**REQUIRED, name: value}))
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        # "'twice' is not a valid Guarantee": the class name, not the choices
+        ("guarantee", "twice", "must be one of at-least-once, exactly-once, not 'twice'"),
+        # the only setting whose message did not name its variable
+        ("bootstrap_servers", "no-port", "expected HOST:PORT[,HOST:PORT…], got 'no-port'"),
+    ],
+)
+def test_a_bad_value_is_named_with_its_variable_and_what_it_takes(
+    name: str, value: str, said: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_run_settings({}, env_of({**REQUIRED, name: value}))
+    assert str(caught.value) == f"{name} (LIMITFLOW_{name.upper()}): {said}"
+
+
 def test_a_topic_name_kafka_refuses_is_named_with_what_it_takes() -> None:
     with pytest.raises(ConfigError) as caught:
         load_run_settings({}, env_of({**REQUIRED, "input_topic": ""}))
