@@ -487,7 +487,7 @@ async def serve(
 
     ``signals``: those of ``run``, before these handlers: one received already stops at
     once, and a signal after this returns is logged, not fatal."""
-    from handlers.decide import Decider
+    from handlers.decide import Decider, OutcomeKind
     from stores.base import redacted
     from streams.consumer import VelocityConsumer
     from streams.engine import Engine
@@ -586,7 +586,8 @@ async def serve(
         log.info(
             "ran for %.1fs",
             time.monotonic() - started,
-            extra={f"{kind.value}s": n for kind, n in engine.stats.by_kind.items()},
+            # every kind, none left out for being 0 (a dashboard reads the fields)
+            extra={f"{kind.value}s": engine.stats.by_kind.get(kind, 0) for kind in OutcomeKind},
         )
     except StoppedBeforeStart as exc:
         log.info("stopped before the %s could reach Kafka; nothing was consumed", exc)

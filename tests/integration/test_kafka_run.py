@@ -1356,3 +1356,27 @@ def test_topics_create_says_when_a_topic_exists_with_another_partition_count(
         f"{name}: exists, kept with {PARTITIONS} partitions (not {PARTITIONS + 2})"
         for name in names
     ]
+
+
+async def test_the_last_line_gives_every_count_also_those_at_zero(setup: Setup) -> None:
+    # "ran for" left out the kinds that did not occur: a dashboard reading
+    # dead_letters from it found no field, not 0
+    lines = [
+        json.dumps(
+            {
+                "event_id": f"z{n}",
+                "account_id": "acct-z",
+                "amount": "1.00",
+                "currency": "CNY",
+                "occurred_at": "2026-03-14T01:00:00Z",
+            }
+        ).encode()
+        for n in range(3)
+    ]
+    await produce(setup.bootstrap, setup.topics[0], lines)
+    proc = setup.run()
+    wait_for(lambda: _rows(setup.store) == 3, 60, "three verdicts")
+    assert setup.stop(proc) == 0
+    logs = [json.loads(x) for x in setup.log(0).splitlines() if x.startswith("{")]
+    ran = next(x for x in logs if x["msg"].startswith("ran for"))
+    assert (ran["verdicts"], ran["duplicates"], ran["dead_letters"]) == (3, 0, 0), ran
