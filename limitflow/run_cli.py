@@ -528,6 +528,23 @@ async def serve(
     async def start(what: str, build: Callable[[], Any]) -> Any:
         return await start_retrying(what, build, stop, kafka.bootstrap_servers, retry_ms, health)
 
+    in_force = {
+        "version": _version(),
+        "bootstrap_servers": kafka.bootstrap_servers,
+        "input_topic": kafka.input_topic,
+        "output_topic": kafka.output_topic,
+        "dead_letter_topic": kafka.dead_letter_topic,
+        "group_id": settings.group_id,
+        "guarantee": settings.guarantee.value,
+        "store": redacted(settings.store),
+        "batch_size": settings.batch_size,
+        "rules": settings.rules,
+        "rules_version": rules.version,
+        "ops": f"http://{settings.http_host}:{settings.http_port}/" if settings.http_port else None,
+    }
+    # the settings in force before the brokers are waited for (which may take long),
+    # and again once consuming
+    log.info("starting", extra=in_force)
     try:
         if settings.create_topics:
             admin = await start("admin", lambda: _admin(kafka))
@@ -559,25 +576,7 @@ async def serve(
             output = AtLeastOnceOutput(producer, consumer, timeout=kafka.request_timeout_ms / 1000)
         engine = Engine(Decider(rules), store)
         runner = VelocityConsumer(settings, engine, consumer, output, health, metrics)
-        log.info(
-            "consuming",
-            extra={
-                "version": _version(),
-                "bootstrap_servers": kafka.bootstrap_servers,
-                "input_topic": kafka.input_topic,
-                "output_topic": kafka.output_topic,
-                "dead_letter_topic": kafka.dead_letter_topic,
-                "group_id": settings.group_id,
-                "guarantee": settings.guarantee.value,
-                "store": redacted(settings.store),
-                "batch_size": settings.batch_size,
-                "rules": settings.rules,
-                "rules_version": rules.version,
-                "ops": f"http://{settings.http_host}:{settings.http_port}/"
-                if settings.http_port
-                else None,
-            },
-        )
+        log.info("consuming", extra=in_force)
         runner.subscribe()
         if stop.is_set():
             runner.request_stop()

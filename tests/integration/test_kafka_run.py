@@ -1052,6 +1052,13 @@ def test_kafka_unreachable_at_start_shows_on_readyz_and_in_the_metrics(tmp_path:
         assert 'limitflow_retries_total{stage="start"}' in metrics
         assert 'limitflow_consumer_state{state="waiting"} 1.0' in metrics
         assert f"cannot reach Kafka at {bootstrap}" in s.log(0)
+        # the settings in force are logged before the wait (they came only once consuming)
+        logs = [json.loads(x) for x in s.log(0).splitlines() if x.startswith("{")]
+        starting = next(x for x in logs if x["msg"] == "starting")
+        assert (starting["group_id"], starting["bootstrap_servers"]) == (
+            "unreachable-group",
+            bootstrap,
+        )
     finally:
         assert s.stop(proc, timeout=10) == 0
 
