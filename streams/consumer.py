@@ -620,7 +620,8 @@ class VelocityConsumer:
             if self._brokers_lost_at is None:
                 self._brokers_lost_at = now
                 log.warning(
-                    "brokers do not answer: %s",
+                    "brokers at %s do not answer: %s",
+                    self.settings.kafka.bootstrap_servers,
                     str(exc) or type(exc).__name__,
                     extra={"stage": "fetch", "error": type(exc).__name__},
                 )

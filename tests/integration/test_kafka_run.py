@@ -1175,6 +1175,8 @@ def test_an_idle_consumer_shows_a_broker_outage_and_still_stops_cleanly(tmp_path
             assert readyz(port)[1]["waiting_on"] == "fetch"
             _, metrics = http_get(port, "/metrics")
             assert 'limitflow_retries_total{stage="fetch"}' in metrics
+            # which brokers: the line said only "brokers do not answer"
+            assert f"brokers at {broker.bootstrap_servers} do not answer" in s.log(0)
             time.sleep(5)  # aiokafka logged ~100 ERROR lines a second of it
             assert s.stop(proc) == 0
             assert "Traceback" not in s.log(0), s.log(0)[-2000:]
