@@ -482,7 +482,7 @@ class DynamoStore(Store):
                 }
                 for key, meaning in items[start : start + MAX_TRANSACT_ITEMS]
             ]
-            await self._transact_rules(puts)
+            await self._transact(puts)
 
     async def _forget_meanings(self, keys: list[str]) -> int:
         client = await self._dynamodb()
@@ -522,28 +522,16 @@ class DynamoStore(Store):
                 return False
             request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    async def _transact_rules(self, actions: list[dict[str, Any]]) -> None:
-        """Run ``actions`` on rule items in one transaction: ``ConflictError``, with
-        nothing done, when a condition fails or another start's transaction conflicts."""
-        client = await self._dynamodb()
-        self.round_trips += 1
-        try:
-            await client.transact_write_items(TransactItems=actions)
-        except ClientError as exc:
-            if _error_code(exc) == "TransactionCanceledException":
-                codes = {r.get("Code") for r in exc.response.get("CancellationReasons") or ()}
-                if codes & {"ConditionalCheckFailed", "TransactionConflict"}:
-                    raise ConflictError(f"rule items changed since they were read: {exc}") from exc
-            raise translate(exc, "TransactWriteItems") from exc
-        except _DRIVER_ERRORS as exc:
-            raise translate(exc, "TransactWriteItems") from exc
-
     async def _write(self, writes: Writes, expected: Expected) -> None:
         if len(writes) > MAX_TRANSACT_ITEMS:
             raise StoreRejected(
                 f"{len(writes)} records in one commit; DynamoDB allows {MAX_TRANSACT_ITEMS}"
             )
-        actions = [{"Put": _put(self.table, *put)} for put in _puts(writes, expected)]
+        await self._transact([{"Put": _put(self.table, *put)} for put in _puts(writes, expected)])
+
+    async def _transact(self, actions: list[dict[str, Any]]) -> None:
+        """One ``TransactWriteItems``, all or nothing: a cancelled one raises what its
+        reasons say (``_cancellation``: a failed condition is a ``ConflictError``)."""
         client = await self._dynamodb()
         self.round_trips += 1
         try:
