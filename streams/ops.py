@@ -268,7 +268,7 @@ class Health:
 
     @property
     def ready(self) -> bool:
-        return self.state is ConsumerState.RUNNING and not self.rebalancing
+        return self._shown_state is ConsumerState.RUNNING
 
     def describe(self) -> dict[str, Any]:
         return {
