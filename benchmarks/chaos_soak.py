@@ -86,6 +86,7 @@ from tests.integration.test_kafka_run import (  # noqa: E402
     account_key,
     counters,
     make_events,
+    replay,
 )
 from tests.servers import kafka_broker  # noqa: E402
 
@@ -514,37 +515,6 @@ async def describe_group(c: Cluster) -> None:
         await admin.close()
 
 
-def replay(c: Cluster, lines: list[bytes]) -> tuple[list[bytes | None], list[Any], str]:
-    """Replay's verdict and dead letter for each line (one of them None), and its store."""
-    source = c.work / "replay-events.jsonl"
-    source.write_bytes(b"".join(raw + b"\n" for raw in lines))
-    store = c.work / "replay.db"
-    out, dead_out = c.work / "replay-verdicts.jsonl", c.work / "replay-dead.jsonl"
-    done = subprocess.run(
-        [
-            *LIMITFLOW,
-            "replay",
-            *["--rules", RULES, "--input", str(source), "--output", str(out)],
-            *["--dead-letter", str(dead_out), "--store", f"sqlite:///{store}"],
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        check=False,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr.decode()
-    letters = [json.loads(x) for x in dead_out.read_bytes().splitlines()]
-    dead = {letter["source"]["line"]: letter for letter in letters}
-    verdicts = iter(out.read_bytes().splitlines())
-    per_v: list[bytes | None] = []
-    per_d: list[Any] = []
-    for number in range(1, len(lines) + 1):
-        per_v.append(None if number in dead else next(verdicts))
-        per_d.append(dead.get(number))
-    assert next(verdicts, None) is None
-    return per_v, per_d, str(store)
-
-
 def diff_counters(got: dict[str, Any], want: dict[str, Any], limit: int = 10) -> list[str]:
     out: list[str] = []
     for table in ("buckets", "accounts", "events"):
@@ -719,7 +689,7 @@ async def soak(args: argparse.Namespace, work: Path) -> int:
             srcs = [s for s in sources if s is not None]
             assert len(srcs) == len(lines)
             (work / "sources.json").write_text(json.dumps(srcs))
-            want_v, want_d, replay_store = replay(c, lines)
+            want_v, want_d, replay_store = replay(lines, c.work)
             n_v = {s for s, v in zip(srcs, want_v, strict=True) if v is not None}
             n_d = set(srcs) - n_v
             c.note(f"waiting for {len(n_v)} verdicts and {len(n_d)} dead letters")
