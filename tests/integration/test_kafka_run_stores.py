@@ -1,0 +1,240 @@
+"""``limitflow run`` on the server stores (DynamoDB Local, MongoDB) against tansu.
+
+The suite of ``test_kafka_run`` runs ``run`` on the embedded store; the contract and
+store suites run the server stores under ``replay``. These run the two together, as a
+card issuer deploys them: the verdicts and dead letters on the topics, and the counters
+in the server store, equal what ``limitflow replay`` gives, through a ``kill -9``, a
+group of two members, and the store's network cut and restored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_kafka_run import (
+    REPO,
+    Setup,
+    _assigned,
+    _free_port,
+    check_against_replay,
+    http_get,
+    make_events,
+    produce,
+    readyz,
+    tansu,  # noqa: F401 - the module's broker fixture
+)
+from tests.servers import dynamodb_local, mongo_server
+
+pytestmark = pytest.mark.integration
+
+SERVER_STORES = ["dynamodb", "mongodb"]
+EVENTS = {"dynamodb": 600, "mongodb": 250}
+"""Events per test: mongoeco, a Python server, takes ~10 ms a commit and more as its
+collections grow."""
+
+
+@pytest.fixture(scope="module")
+def dynamodb_endpoint() -> Iterator[str]:
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
+        os.environ.setdefault(name, value)  # run subprocesses inherit them
+    with dynamodb_local() as server:
+        yield server.endpoint_url
+
+
+@pytest.fixture(scope="module")
+def mongo_uri() -> Iterator[str]:
+    with mongo_server() as server:
+        yield server.uri
+
+
+class Cut:
+    """A TCP proxy in front of a server, in this test's event loop, that can cut the
+    network (refuse new connections and drop the open ones) and restore it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.port = _free_port()
+        self.server: asyncio.Server | None = None
+        self.open: set[asyncio.StreamWriter] = set()
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            server_r, server_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_w.close()
+            return
+        self.open |= {client_w, server_w}
+
+        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, ConnectionError):
+                while data := await r.read(65_536):
+                    w.write(data)
+                    await w.drain()
+            w.close()
+
+        await asyncio.gather(pump(client_r, server_w), pump(server_r, client_w))
+        self.open -= {client_w, server_w}
+
+    async def up(self) -> None:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+
+    async def down(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in list(self.open):
+            writer.transport.abort()
+        await self.server.wait_closed()
+        self.server = None
+
+
+def _url(kind: str, request: pytest.FixtureRequest, address: str | None = None) -> str:
+    """A new store of ``kind``; ``address``: the ``host:port`` to reach its server by."""
+    name = f"r{uuid.uuid4().hex[:12]}"
+    if kind == "dynamodb":
+        endpoint = request.getfixturevalue("dynamodb_endpoint")
+        if address is not None:
+            endpoint = f"http://{address}"
+        return f"dynamodb://{name}?endpoint_url={endpoint}&region=us-east-1"
+    base = request.getfixturevalue("mongo_uri")
+    if address is not None:
+        base = f"mongodb://{address}/?directConnection=true"  # not to the set's members
+    server, _, options = base.removeprefix("mongodb://").partition("/")
+    return f"mongodb://{server}/{name}{options}"
+
+
+def _init(url: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "limitflow", "store", "init", "--store", url],
+        cwd=REPO,
+        capture_output=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+
+
+@pytest.fixture(params=SERVER_STORES)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def setup(tansu: Any, tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> Iterator[Setup]:  # noqa: F811
+    name = f"{request.node.name.replace('_', '-').replace('[', '-').replace(']', '')[:40]}"
+    made = Setup(tansu.bootstrap_servers, tmp_path, f"{name}-{uuid.uuid4().hex[:6]}")
+    made.store_url = _url(kind, request)
+    _init(made.store_url)
+    made.create_topics()
+    yield made
+    made.kill_all()
+
+
+def _events_in(port: int) -> float:
+    """``limitflow_events_total`` of the run serving ``port``'s metrics (0 before it
+    answers)."""
+    try:
+        metrics = http_get(port, "/metrics")[1]
+    except (OSError, urllib.error.URLError):
+        return 0.0
+    for line in metrics.splitlines():
+        if line.startswith("limitflow_events_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+async def _until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(predicate):
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_kill_9_mid_stream_then_restart_on_a_server_store(setup: Setup, kind: str) -> None:
+    lines = make_events(EVENTS[kind], seed=21)
+    sources = await produce(setup.bootstrap, setup.topics[0], lines)
+    port = _free_port()
+    first = setup.run("--batch-size", "20", "--http-port", str(port))
+    await _until(lambda: _events_in(port) >= 60, 120, "the first verdicts")
+    decided = await asyncio.to_thread(_events_in, port)
+    first.kill()
+    first.wait()
+    assert decided < len(lines), "killed too late to be mid-stream"
+    setup.run("--batch-size", "20")
+    await check_against_replay(setup, lines, sources, timeout=240)
+
+
+async def test_two_members_on_a_server_store_split_the_work(setup: Setup, kind: str) -> None:
+    lines = make_events(EVENTS[kind], seed=22)
+    a = setup.run("--batch-size", "25")
+    b = setup.run("--batch-size", "25")
+    await _until(lambda: _assigned(setup, 0) and _assigned(setup, 1), 60, "both to get partitions")
+    sources = await produce(setup.bootstrap, setup.topics[0], lines)
+    await check_against_replay(setup, lines, sources, timeout=240)
+    assert setup.stop(a) == 0, setup.log(0)
+    assert setup.stop(b) == 0, setup.log(1)
+
+
+@pytest.fixture
+async def cut(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Cut]:
+    if kind == "dynamodb":
+        address = request.getfixturevalue("dynamodb_endpoint").removeprefix("http://")
+    else:
+        address = request.getfixturevalue("mongo_uri").removeprefix("mongodb://").split("/")[0]
+    host, port = address.rsplit(":", 1)
+    proxy = Cut(host, int(port))
+    await proxy.up()
+    yield proxy
+    if proxy.server is not None:
+        await proxy.down()
+
+
+async def test_the_store_cut_off_mid_stream_pauses_run_then_it_resumes_without_loss(
+    setup: Setup, kind: str, cut: Cut, request: pytest.FixtureRequest
+) -> None:
+    setup.store_url = _url(kind, request, f"127.0.0.1:{cut.port}")
+    await asyncio.to_thread(_init, setup.store_url)
+    lines = make_events(EVENTS[kind], seed=23)
+    half = len(lines) // 2
+    sources = await produce(setup.bootstrap, setup.topics[0], lines[:half])
+    port = _free_port()
+    proc = setup.run("--batch-size", "20", "--http-port", str(port))
+    await _until(lambda: _events_in(port) >= 40, 120, "the first verdicts")
+    await cut.down()
+    sources += await produce(setup.bootstrap, setup.topics[0], lines[half:])
+    await _until(lambda: readyz(port)[0] == 503, 60, "/readyz to show the outage")
+    body = (await asyncio.to_thread(readyz, port))[1]
+    assert body["state"] == "waiting" and body["waiting_on"] == "decide", body
+    stalled = await asyncio.to_thread(_events_in, port)
+    await asyncio.sleep(3)
+    assert (
+        await asyncio.to_thread(_events_in, port) == stalled
+    )  # nothing decided while the store is away
+    assert proc.poll() is None, setup.log(0)
+    await cut.up()
+    await check_against_replay(setup, lines, sources, timeout=240)
+    await _until(lambda: readyz(port)[0] == 200, 60, "/readyz to show it running again")
+    assert setup.stop(proc) == 0, setup.log(0)
+    log = [json.loads(x) for x in setup.log(0).splitlines() if x.startswith("{")]
+    assert any(
+        x["msg"].startswith("decide failed, retrying") and x.get("error") == "StoreUnavailable"
+        for x in log
+    ), log[-5:]
