@@ -180,6 +180,7 @@ class VelocityConsumer:
         """A non-retriable error met in a rebalance callback, for ``run`` to raise."""
         self._round_trips = engine.store.round_trips
         self._expired = engine.store.expired_deleted
+        self._conflicts = engine.stats.conflicts
         self._heard_at = time.monotonic()
         """When the brokers last answered: a batch arrived, or an idle probe succeeded."""
         self._brokers_lost_at: float | None = None
@@ -574,10 +575,12 @@ class VelocityConsumer:
                 ).inc(count)
 
     def _count_store_work(self) -> None:
-        store = self.engine.store
+        store, conflicts = self.engine.store, self.engine.stats.conflicts
         self.metrics.store_round_trips.inc(max(0, store.round_trips - self._round_trips))
         self.metrics.store_expired_deleted.inc(max(0, store.expired_deleted - self._expired))
+        self.metrics.store_conflicts.inc(max(0, conflicts - self._conflicts))
         self._round_trips, self._expired = store.round_trips, store.expired_deleted
+        self._conflicts = conflicts
 
     async def _lag_during_outage(self) -> None:
         """Keep the lag metric current while a batch waits: the paused partitions are

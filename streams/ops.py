@@ -205,6 +205,13 @@ class Metrics:
         self.store_round_trips = Counter(
             "limitflow_store_round_trips", "Requests sent to the state store", registry=r
         )
+        self.store_conflicts = Counter(
+            "limitflow_store_conflicts",
+            "Commits refused because another writer changed a record they read (another"
+            " member on a shared bucket, or a zombie): the batch's rest is read and decided"
+            " again. Many mean contention on hot buckets",
+            registry=r,
+        )
         self.store_expired_deleted = Counter(
             "limitflow_store_expired_deleted",
             "Expired buckets and records deleted by the consumer's commits (sqlite)",

@@ -15,7 +15,7 @@ import pytest
 from aiokafka import TopicPartition  # type: ignore[import-untyped]
 
 from handlers.decide import Decider
-from limitflow.errors import BrokerRejected, PartitionLost
+from limitflow.errors import BrokerRejected, ConflictError, PartitionLost
 from limitflow.settings import load_run_settings
 from schemas.rules import load_rules
 from stores.memory import MemoryStore
@@ -201,6 +201,37 @@ async def test_results_are_counted_by_decision_reason_and_error() -> None:
     assert value("limitflow_verdicts_total", {**limit, "duplicate": "true"}) == 2
     assert value("limitflow_dead_letters_total", {"error": "invalid_json"}) == 2
     assert value("limitflow_dead_letters_total", {"error": "invalid_event"}) == 1
+
+
+class _Contended(MemoryStore):
+    """A memory store whose first ``conflicts`` commits another writer got to first."""
+
+    def __init__(self, conflicts: int) -> None:
+        super().__init__()
+        self.conflicts = conflicts
+
+    async def _write(self, writes: Any, expected: Any) -> None:
+        if self.conflicts:
+            self.conflicts -= 1
+            raise ConflictError("a record changed since it was read")
+        await super()._write(writes, expected)
+
+
+async def test_commits_refused_by_another_writer_are_counted() -> None:
+    engine = Engine(Decider(load_rules(RULES)), _Contended(conflicts=2))
+    runner = _runner(_Consumer(), engine)
+    value = runner.metrics.registry.get_sample_value
+    assert value("limitflow_store_conflicts_total") == 0
+    line = (
+        b'{"event_id": "e1", "account_id": "a", "amount": "1.00", "currency": "CNY",'
+        b' "occurred_at": "2026-03-01T00:00:00Z"}'
+    )
+    await engine.process([Record(line, {"line": 1})])
+    runner._count_store_work()
+    assert value("limitflow_store_conflicts_total") == 2
+    await engine.process([Record(line, {"line": 2})])  # a duplicate: no commit at all
+    runner._count_store_work()
+    assert value("limitflow_store_conflicts_total") == 2
 
 
 async def test_a_retry_wait_after_a_stop_sleeps_instead_of_spinning() -> None:
