@@ -1,39 +1,19 @@
 """One store contract, every backend: ``SUPPORTED_STORES`` parametrizes ``store_url``.
 
 memory and sqlite need nothing; mongodb and dynamodb start a real server (or the best
-local emulator) once per session through ``tests.servers``.
+local emulator) once per session (``tests/conftest.py``).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 SUPPORTED_STORES = ["memory", "sqlite", "mongodb", "dynamodb"]
 _names = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def mongo_uri() -> Iterator[str]:
-    from tests.servers import mongo_server
-
-    with mongo_server() as server:
-        yield server.uri
-
-
-@pytest.fixture(scope="session")
-def dynamodb_endpoint() -> Iterator[str]:
-    from tests.servers import dynamodb_local
-
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "test")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    with dynamodb_local() as server:
-        yield server.endpoint_url
 
 
 @pytest.fixture(params=SUPPORTED_STORES)

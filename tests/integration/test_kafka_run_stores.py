@@ -12,9 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import time
 import urllib.error
 import uuid
@@ -27,7 +24,6 @@ import pytest
 from handlers.state import Keys
 from stores import open_store
 from tests.integration.test_kafka_run import (
-    REPO,
     Setup,
     _assigned,
     _free_port,
@@ -39,7 +35,7 @@ from tests.integration.test_kafka_run import (
     readyz,
     tansu,  # noqa: F401 - the module's broker fixture
 )
-from tests.servers import dynamodb_local, mongo_server
+from tests.integration.test_mongo_store import init_store
 
 pytestmark = pytest.mark.integration
 
@@ -47,24 +43,6 @@ SERVER_STORES = ["dynamodb", "mongodb"]
 EVENTS = {"dynamodb": 600, "mongodb": 250}
 """Events per test: mongoeco, a Python server, takes ~10 ms a commit and more as its
 collections grow."""
-
-
-@pytest.fixture(scope="module")
-def dynamodb_endpoint() -> Iterator[str]:
-    for name, value in (
-        ("AWS_ACCESS_KEY_ID", "test"),
-        ("AWS_SECRET_ACCESS_KEY", "test"),
-        ("AWS_DEFAULT_REGION", "us-east-1"),
-    ):
-        os.environ.setdefault(name, value)  # run subprocesses inherit them
-    with dynamodb_local() as server:
-        yield server.endpoint_url
-
-
-@pytest.fixture(scope="module")
-def mongo_uri() -> Iterator[str]:
-    with mongo_server() as server:
-        yield server.uri
 
 
 class Cut:
@@ -122,17 +100,6 @@ def _url(kind: str, request: pytest.FixtureRequest, address: str | None = None) 
     return f"mongodb://{server}/{name}{options}"
 
 
-def _init(url: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "limitflow", "store", "init", "--store", url],
-        cwd=REPO,
-        capture_output=True,
-        check=False,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr.decode()
-
-
 @pytest.fixture(params=SERVER_STORES)
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -143,7 +110,7 @@ def setup(tansu: Any, tmp_path: Path, kind: str, request: pytest.FixtureRequest)
     name = f"{request.node.name.replace('_', '-').replace('[', '-').replace(']', '')[:40]}"
     made = Setup(tansu.bootstrap_servers, tmp_path, f"{name}-{uuid.uuid4().hex[:6]}")
     made.store_url = _url(kind, request)
-    _init(made.store_url)
+    init_store(made.store_url)
     made.create_topics()
     yield made
     made.kill_all()
@@ -219,7 +186,7 @@ async def test_the_store_cut_off_mid_stream_pauses_run_then_it_resumes_without_l
     setup: Setup, kind: str, cut: Cut, request: pytest.FixtureRequest
 ) -> None:
     setup.store_url = _url(kind, request, f"127.0.0.1:{cut.port}")
-    await asyncio.to_thread(_init, setup.store_url)
+    await asyncio.to_thread(init_store, setup.store_url)
     lines = make_events(EVENTS[kind], seed=23)
     half = len(lines) // 2
     sources = await produce(setup.bootstrap, setup.topics[0], lines[:half])

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -43,19 +42,6 @@ LIMITFLOW = [sys.executable, "-m", "limitflow"]
 
 
 # -- servers and stores ------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def mongo_uri() -> Iterator[str]:
-    """``mongodb://HOST:PORT/…`` of a server that lives for the whole session."""
-    uri = os.environ.get("LIMITFLOW_MONGO_URI")
-    if uri:
-        yield uri
-        return
-    from tests.servers import mongo_server
-
-    with mongo_server() as server:
-        yield server.uri
 
 
 def database_url(server_uri: str, database: str, **params: str) -> str:
