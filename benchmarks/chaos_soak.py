@@ -2,7 +2,8 @@
 against ``limitflow replay`` of the same events.
 
 Starts a tansu broker, a 6-partition input topic and one ``limitflow run`` worker
-(at-least-once; every worker shares one sqlite store), then produces the integration
+(at-least-once; every worker shares one store: a sqlite file, or with --store a
+DynamoDB Local or MongoDB store started for the soak), then produces the integration
 suite's events (``make_events``: payments, reversals, resends, bad input and one
 idempotency conflict, keyed by account_id) at a steady rate. Meanwhile it disrupts the
 workers at seeded random moments, printing each disruption as it happens:
@@ -13,7 +14,7 @@ workers at seeded random moments, printing each disruption as it happens:
                         drains the backlog built up meanwhile
   kill9-A-after-commit  kill -9 A 0-30 ms after the store's WAL grows (or after 10 s
                         without growth): a batch's state is durable, its verdicts and
-                        offsets maybe not yet
+                        offsets maybe not yet (sqlite only)
   start-B / term-B      start a second worker B / SIGTERM it (a rebalance each)
   kill9-B, kill9-both, term-A
   term-both             SIGTERM B, then A 50 ms later, restart A (only with
@@ -42,6 +43,7 @@ whether anything was lost or counted twice.
 
     .venv/bin/python -m benchmarks.chaos_soak --seed 3
     .venv/bin/python -m benchmarks.chaos_soak --seed 12 --term-both-weight 2
+    .venv/bin/python -m benchmarks.chaos_soak --seed 5 --store dynamodb
 
 A run takes 1-2 minutes, 4-5 with a stall. Worker logs, the store, replay's output and
 chaos.log (the disruptions) go to --workdir, by default a new temporary directory that
@@ -57,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -87,8 +90,9 @@ from tests.integration.test_kafka_run import (  # noqa: E402
     counters,
     make_events,
     replay,
+    store_counters,
 )
-from tests.servers import kafka_broker  # noqa: E402
+from tests.servers import dynamodb_local, kafka_broker, mongo_server  # noqa: E402
 
 RULES = str(ROOT / "examples" / "rules.yaml")
 LIMITFLOW = [sys.executable, "-m", "limitflow"]
@@ -170,6 +174,8 @@ class Cluster:
         self.rng = rng
         self.name = f"chaos{args.seed}"
         self.store_path = work / "store.db"
+        self.store = f"sqlite:///{self.store_path}"
+        """The store every worker shares (``--store``: a server's, set by ``soak``)."""
         self.workers: dict[str, Worker] = {}
         self.history: list[Worker] = []
         self.events_log: list[str] = []
@@ -210,7 +216,7 @@ class Cluster:
                     *LIMITFLOW,
                     "run",
                     *self.topic_args(),
-                    *["--rules", RULES, "--store", f"sqlite:///{self.store_path}"],
+                    *["--rules", RULES, "--store", self.store],
                     *["--group-id", self.group],
                     *["--session-timeout-ms", str(self.args.session_timeout_ms)],
                     *["--retry-initial-ms", "100", "--retry-max-ms", "2000"],
@@ -316,8 +322,9 @@ def pick(c: Cluster) -> str:
         ("kill9-A", 2.0),
         ("kill9-A-restart-later", 1.0),
         ("kill9-A-busy", 1.5),
-        ("kill9-A-after-commit", 2.5),
     ]
+    if c.store.startswith("sqlite:"):  # it watches the sqlite WAL
+        options.append(("kill9-A-after-commit", 2.5))
     if "B" in c.workers:
         options += [("term-B", 3.0), ("kill9-B", 1.5), ("kill9-both", 1.0), ("term-A", 1.0)]
         if c.args.term_both_weight:
@@ -638,7 +645,8 @@ def check(
     dead: Seen,
     want_v: list[bytes | None],
     want_d: list[Any],
-    replay_store: str,
+    got_c: dict[str, Any],
+    want_c: dict[str, Any],
 ) -> list[str]:
     failures = check_sources(sources, verdicts, dead, want_v, want_d)
     stray = set(dead.by_source) - set(sources)
@@ -647,7 +655,6 @@ def check(
             f"{len(stray)} dead letters for sources never produced: {sorted(stray)[:5]}"
         )
     failures += check_verdicts(verdicts, want_v, sources)
-    got_c, want_c = counters(str(c.store_path)), counters(replay_store)
     if got_c != want_c:
         failures.append(
             "store counters differ from replay's:\n    "
@@ -671,13 +678,31 @@ def copies(seen: Seen) -> dict[int, int]:
     return dict(sorted(Counter(len(v) for v in seen.by_source.values()).items()))
 
 
+def server_store(kind: str, servers: contextlib.ExitStack, name: str) -> str:
+    """A new store of ``kind`` on a server started for the soak, initialised."""
+    if kind == "dynamodb":
+        for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            os.environ.setdefault(var, "test")  # the workers inherit them
+        ddb = servers.enter_context(dynamodb_local())
+        url = f"dynamodb://{name}?endpoint_url={ddb.endpoint_url}&region=us-east-1"
+    else:
+        server, _, options = servers.enter_context(mongo_server()).uri.partition("/?")
+        url = f"{server.rstrip('/')}/{name}{'?' + options if options else ''}"
+    subprocess.run([*LIMITFLOW, "store", "init", "--store", url], cwd=ROOT, check=True)
+    return url
+
+
 async def soak(args: argparse.Namespace, work: Path) -> int:
     rng = random.Random(args.seed)
     lines = make_events(args.events, accounts=args.accounts, seed=args.seed)
     window = args.window if args.window is not None else len(lines) / args.rate + 10
-    with kafka_broker("tansu") as broker:
+    with contextlib.ExitStack() as servers:
+        broker = servers.enter_context(kafka_broker("tansu"))
         say(f"broker {broker.bootstrap_servers}, log {broker.log_path}")
         c = Cluster(args, broker.bootstrap_servers, work, rng)
+        if args.store != "sqlite":
+            c.store = server_store(args.store, servers, f"chaos{args.seed}x{os.getpid()}")
+            say(f"store {c.store}")
         c.create_topics()
         c.start("A")
         sources: list[str | None] = [None] * len(lines)
@@ -697,7 +722,12 @@ async def soak(args: argparse.Namespace, work: Path) -> int:
             dead = await read_all(c, c.topics[2], n_d, 30)
             for slot in list(c.workers):  # stopped before the store is read
                 await c.term(slot)
-            failures = check(c, srcs, verdicts, dead, want_v, want_d, replay_store)
+            want_c = counters(replay_store)
+            if c.store.startswith("sqlite:"):
+                got_c = counters(c.store)
+            else:
+                got_c = await store_counters(c.store, want_c)
+            failures = check(c, srcs, verdicts, dead, want_v, want_d, got_c, want_c)
         finally:
             c.kill_all()
             (work / "chaos.log").write_text("\n".join(c.events_log) + "\n")
@@ -733,6 +763,13 @@ def main() -> int:
         type=lambda s: [int(x) for x in s.split(",")],
         default=[20, 50, 200],
         help="each worker's --batch-size is drawn from these (comma-separated)",
+    )
+    ap.add_argument(
+        "--store",
+        choices=["sqlite", "dynamodb", "mongodb"],
+        default="sqlite",
+        help="what every worker shares: one sqlite file, or a DynamoDB Local or MongoDB"
+        " (mongoeco: keep --rate and --events low) store started for the soak",
     )
     ap.add_argument("--session-timeout-ms", type=int, default=6000)
     ap.add_argument("--log-level", default="INFO", help="the workers' --log-level")
