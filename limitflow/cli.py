@@ -60,9 +60,10 @@ async def open_ready_store(
     create: bool = True,
 ) -> object:
     """Open the store of ``url``; embedded stores are created (unless not ``create``),
-    servers must be initialised. With ``rules``, the store keeps what their counters hold,
-    and a rule whose counters it keeps under another meaning is refused
-    (``Store.keep_rules``). ``lock_wait``: see ``stores.open_store``."""
+    servers must be initialised. With ``rules``, the store keeps what their counters hold
+    (only where it ``create``s: else it compares), and a rule whose counters it keeps
+    under another meaning is refused (``Store.keep_rules``). ``lock_wait``: see
+    ``stores.open_store``."""
     from stores import open_store
     from stores.base import redacted
 
@@ -74,7 +75,7 @@ async def open_ready_store(
             else:
                 await store.check()
             if rules is not None:
-                await store.keep_rules(rules)
+                await store.keep_rules(rules, keep=create)
         except BaseException:
             # the failed store may hold a client and its connection pool: release them
             await store.close()
@@ -185,14 +186,24 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
                 f"{option} {path} is the rules file: verdicts would overwrite the rules",
                 EXIT_USAGE,
             )
+    if args.dry_run and _no_store_yet(args.store) and not args.store.startswith("memory:"):
+        raise CommandFailed(
+            f"store: {args.store}: no store there yet; a dry run decides against the"
+            " counters of a store, and makes none",
+            EXIT_STORE,
+        )
     with contextlib.ExitStack() as files:
         # the input first: an unreadable one fails before a sqlite file is made for it
         source = files.enter_context(_open_binary(args.input, "rb"))
-        store = await signals.unless_stopped(args.store, rules)
+        store = await signals.unless_stopped(args.store, rules, create=not args.dry_run)
         if store is None:
             _say("limitflow: stopped before the replay started: nothing was decided or written")
             return EXIT_INTERRUPTED
         assert isinstance(store, Store)
+        if args.dry_run:
+            from stores.dry_run import DryRunStore
+
+            store = DryRunStore(store)
         try:
             # once the store is open: a sqlite file it has just made exists only now
             _refuse_store_outputs(args)
@@ -232,7 +243,11 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
         f"{_count(summary.lines, 'event')}: {summary.accepted} accepted, "
         f"{summary.rejected} rejected, {_count(summary.duplicates, 'duplicate')}, "
         f"{_count(summary.dead_letters, 'dead letter')} in {summary.seconds:.2f}s"
+        + (" (a dry run: nothing was stored)" if args.dry_run else "")
     )
+    if summary.interrupted and args.dry_run:
+        _say("limitflow: stopped by a signal; a dry run stores nothing")
+        return EXIT_INTERRUPTED
     if summary.interrupted:
         upto = f" (input lines 1-{summary.last_line})" if summary.lines else ""
         again = "Send the same input again" if args.input == "-" else "Replay the same file"
@@ -280,17 +295,17 @@ class _Signals:
         """While the store opens (its servers may be waited for): a first signal sets
         the event, on its loop."""
 
-    async def unless_stopped(self, url: str, rules: RuleSet) -> object | None:
-        """The store of ``url``, opened as ``open_ready_store`` does, with the handlers
-        installed: None if a signal comes first (the default action ended the process
-        with 143, without a word)."""
+    async def unless_stopped(self, url: str, rules: RuleSet, *, create: bool) -> object | None:
+        """The store of ``url``, opened as ``open_ready_store`` does (``create``: see
+        there), with the handlers installed: None if a signal comes first (the default
+        action ended the process with 143, without a word)."""
         from limitflow.run_cli import store_unless_stopped
 
         self._install()
         stopped = asyncio.Event()
         self._opening = asyncio.get_running_loop(), stopped
         try:
-            return await store_unless_stopped(url, rules, stopped, consumer=False)
+            return await store_unless_stopped(url, rules, stopped, consumer=False, create=create)
         finally:
             self._opening = None
 
@@ -506,6 +521,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"state store URL: memory://, sqlite:///PATH, mongodb://…, dynamodb://… "
         f"(default {DEFAULT_STORE}; LIMITFLOW_STORE is run's and is not read here, so a "
         "trial replay never counts into a production store)",
+    )
+    replay.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="decide against the store as it is and write the verdicts and dead letters,"
+        " but store nothing: the verdicts these events would get now (each sees the ones"
+        " before it); the store must exist, and new rules are not kept",
     )
     # records per batch; by default the store's (Store.replay_batch_size)
     replay.add_argument("--batch-size", type=_positive, help=argparse.SUPPRESS)

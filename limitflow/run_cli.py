@@ -443,10 +443,11 @@ async def _load_and_serve(args: argparse.Namespace, signals: StopSignals) -> int
 
 
 async def store_unless_stopped(
-    url: str, rules: Any, stop: asyncio.Event, *, consumer: bool = True
+    url: str, rules: Any, stop: asyncio.Event, *, consumer: bool = True, create: bool = True
 ) -> object | None:
     """The store of ``url``, opened as ``open_ready_store`` does (for a consumer, whose
-    sqlite lock waits are short, see ``CONSUMER_LOCK_WAIT``); None if ``stop`` is set
+    sqlite lock waits are short, see ``CONSUMER_LOCK_WAIT``; ``create``: see
+    ``open_ready_store``); None if ``stop`` is set
     first, also while the store's servers are waited for (a store that blocks the loop,
     sqlite waiting for another process's lock, is left when its wait ends)."""
     from limitflow.cli import open_ready_store
@@ -455,7 +456,9 @@ async def store_unless_stopped(
     if stop.is_set():
         return None
     lock_wait = CONSUMER_LOCK_WAIT if consumer else None
-    opening = asyncio.ensure_future(open_ready_store(url, rules, lock_wait=lock_wait))
+    opening = asyncio.ensure_future(
+        open_ready_store(url, rules, lock_wait=lock_wait, create=create)
+    )
     stopped = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait((opening, stopped), return_when=asyncio.FIRST_COMPLETED)

@@ -16,10 +16,11 @@ from benchmarks.generate import events as generated_events
 from handlers.decide import MAX_APPLICABLE_RULES, MAX_KEY_BYTES, Decider, OutcomeKind
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, WorkingState, Writes
 from limitflow.errors import ConflictError, StoreRejected
-from schemas.events import EventType
+from schemas.events import EventType, parse_event
 from schemas.rules import RuleChanged, RuleSet, load_rules, parse_rules
 from stores import open_store
 from stores.base import CountersLive, Store
+from stores.dry_run import DryRunStore
 from stores.dynamo import DynamoStore
 from stores.memory import MemoryStore
 from stores.mongo import MongoStore
@@ -52,6 +53,32 @@ async def decide_all(store: Store, lines: list[bytes], batch: int) -> list[tuple
                 assert result.verdict is not None
                 out.append(("verdict", result.verdict))
     return out
+
+
+async def test_a_dry_run_decides_as_a_replay_would_and_changes_nothing(store_url: str) -> None:
+    """``DryRunStore`` over each backend: the verdicts the rest of a stream would get
+    now, each batch seeing the earlier ones', with the store underneath untouched."""
+    lines = generated_events(300, accounts=8, seed=5)
+    first, rest = lines[:150], lines[150:]
+    store = await opened(store_url)
+    try:
+        await decide_all(store, first, batch=50)
+        everything = Keys(
+            buckets=set(),
+            accounts={f"acct-{n}" for n in range(8)},
+            events={json.loads(line)["event_id"] for line in lines},
+        )
+        plans = Decider(load_rules(str(EXAMPLES / "rules.yaml")))
+        for line in lines:
+            event = parse_event(line)
+            everything.buckets |= plans.keys([event], [plans.plan(event)]).buckets
+        before = await store.load(everything)
+        dry = await decide_all(DryRunStore(store), rest, batch=40)
+        assert await store.load(everything) == before
+        assert await decide_all(store, rest, batch=40) == dry  # stored this time
+        assert await store.load(everything) != before
+    finally:
+        await store.close()
 
 
 def record(event_id: str, version: int) -> EventRecord:

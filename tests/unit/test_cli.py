@@ -623,6 +623,91 @@ def test_a_retention_that_cannot_keep_state_is_refused(
     assert one_line_reason(result).startswith(f"limitflow: store: {query.split('=')[0]}: ")
 
 
+# --- replay --dry-run: decided against a store, nothing stored --------------------------
+
+
+def _store_rows(path: Path) -> list[list[Any]]:
+    with closing(sqlite3.connect(path)) as db:
+        tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return [sorted(db.execute(f"SELECT * FROM {table}")) for table in sorted(tables)]
+
+
+def test_a_dry_run_gives_the_verdicts_a_replay_would_and_stores_nothing(
+    tmp_path: Path, rules: Path, replay: Replay
+) -> None:
+    path = tmp_path / "state.db"
+    store = f"sqlite:///{path}"
+    replay(FILE_A, store)
+    before = _store_rows(path)
+    later = [
+        pay("p6"),  # rejected: a1's day holds two payments
+        reverse("r2", "p5"),  # releases p5
+        pay("p7"),  # accepted: it sees the reversal before it, in the same dry run
+        pay("q2", account="a2"),
+        pay("p1"),  # decided before: its stored verdict again
+        pay("n1", account="a9"),
+    ]
+    source = write(tmp_path / "later.jsonl", later)
+    dry = limitflow(
+        "replay",
+        *("--rules", str(rules), "--input", str(source), "--store", store, "--dry-run"),
+        *("--output", str(tmp_path / "dry.jsonl"), "--dead-letter", str(tmp_path / "d.jsonl")),
+        "--batch-size",
+        "2",  # later batches see what the earlier ones decided
+        cwd=tmp_path,
+    )
+    assert dry.returncode == 0, dry.stderr.decode()
+    assert dry.stderr.decode().endswith("s (a dry run: nothing was stored)\n")
+    assert _store_rows(path) == before
+    _, out, dead = replay(later, store)  # the same events, stored this time
+    assert (tmp_path / "dry.jsonl").read_bytes() == out
+    assert dead == b"" and (tmp_path / "d.jsonl").read_bytes() == b""
+    assert summary(jsonl(out))[:3] == [
+        ("p6", "reject", "limit_exceeded", 7),
+        ("r2", "accept", None, 8),
+        ("p7", "accept", None, 9),
+    ]
+    assert _store_rows(path) != before
+
+
+def test_a_dry_run_keeps_no_new_rule_and_refuses_a_changed_one(
+    tmp_path: Path, rules: Path, replay: Replay
+) -> None:
+    path = tmp_path / "state.db"
+    store = f"sqlite:///{path}"
+    replay(FILE_A, store)
+    before = _store_rows(path)
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(RULES + "  - id: acct-week\n    window: week\n    max_count: 9\n")
+    source = write(tmp_path / "one.jsonl", [pay("p9")])
+    argv = ["replay", "--input", str(source), "--store", store, "--dry-run"]
+    argv += ["--output", str(tmp_path / "o.jsonl"), "--dead-letter", str(tmp_path / "d.jsonl")]
+    assert limitflow(*argv, "--rules", str(grown), cwd=tmp_path).returncode == 0
+    assert _store_rows(path) == before  # acct-week's meaning is not kept
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(RULES.replace("window: day", "window: day\n    timezone: Asia/Tokyo"))
+    refused = limitflow(*argv, "--rules", str(changed), cwd=tmp_path)
+    assert refused.returncode == 2
+    assert one_line_reason(refused).startswith(
+        "limitflow: rules: rule 'acct-day-2': the store keeps its day counters for timezone UTC"
+    )
+
+
+def test_a_dry_run_on_a_store_not_made_yet_makes_none(tmp_path: Path, rules: Path) -> None:
+    source = write(tmp_path / "one.jsonl", [pay("p1")])
+    result = limitflow(
+        "replay",
+        *("--rules", str(rules), "--input", str(source), "--dry-run"),
+        *("--store", f"sqlite:///{tmp_path / 'none.db'}"),
+        *("--output", str(tmp_path / "o.jsonl"), "--dead-letter", str(tmp_path / "d.jsonl")),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 3
+    assert "no store there yet; a dry run decides against the counters" in one_line_reason(result)
+    assert not (tmp_path / "none.db").exists()
+    assert not (tmp_path / "o.jsonl").exists()
+
+
 # --- stores: sqlite is durable, memory is not -------------------------------------------
 
 
