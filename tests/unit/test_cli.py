@@ -632,12 +632,18 @@ def _store_rows(path: Path) -> list[list[Any]]:
         return [sorted(db.execute(f"SELECT * FROM {table}")) for table in sorted(tables)]
 
 
-def test_a_dry_run_gives_the_verdicts_a_replay_would_and_stores_nothing(
-    tmp_path: Path, rules: Path, replay: Replay
-) -> None:
+@pytest.fixture
+def store_a(tmp_path: Path, replay: Replay) -> Path:
+    """A sqlite store's file, FILE_A replayed into it."""
     path = tmp_path / "state.db"
-    store = f"sqlite:///{path}"
-    replay(FILE_A, store)
+    replay(FILE_A, f"sqlite:///{path}")
+    return path
+
+
+def test_a_dry_run_gives_the_verdicts_a_replay_would_and_stores_nothing(
+    tmp_path: Path, rules: Path, replay: Replay, store_a: Path
+) -> None:
+    path, store = store_a, f"sqlite:///{store_a}"
     before = _store_rows(path)
     later = [
         pay("p6"),  # rejected: a1's day holds two payments
@@ -671,11 +677,9 @@ def test_a_dry_run_gives_the_verdicts_a_replay_would_and_stores_nothing(
 
 
 def test_a_dry_run_keeps_no_new_rule_and_refuses_a_changed_one(
-    tmp_path: Path, rules: Path, replay: Replay
+    tmp_path: Path, store_a: Path
 ) -> None:
-    path = tmp_path / "state.db"
-    store = f"sqlite:///{path}"
-    replay(FILE_A, store)
+    path, store = store_a, f"sqlite:///{store_a}"
     before = _store_rows(path)
     grown = tmp_path / "grown.yaml"
     grown.write_text(RULES + "  - id: acct-week\n    window: week\n    max_count: 9\n")
