@@ -21,13 +21,17 @@ from limitflow.settings import (
     COMPRESSIONS,
     DEFAULT_STORE,
     METADATA_MAX_AGE_MS,
+    SASL_MECHANISMS,
+    SECURITY_PROTOCOLS,
     Guarantee,
+    KafkaSecurity,
     KafkaSettings,
     RunSettings,
     TopicSettings,
     env_name,
     load_run_settings,
     load_topic_settings,
+    tls_context,
     unknown_variables,
 )
 from limitflow.stopping import SIGNALS, StopSignals
@@ -62,6 +66,27 @@ def _kafka_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         help=_env_help("replication factor of created topics (1)", "replication_factor"),
     )
+    security = parser.add_argument_group(
+        "Kafka security", f"the SASL password is read from {env_name('sasl_password')} only"
+    )
+    security.add_argument(
+        "--security-protocol",
+        choices=SECURITY_PROTOCOLS,
+        help=_env_help("TLS (SSL), SASL, both, or neither (PLAINTEXT)", "security_protocol"),
+    )
+    security.add_argument(
+        "--sasl-mechanism",
+        choices=SASL_MECHANISMS,
+        help=_env_help("with SASL_SSL or SASL_PLAINTEXT", "sasl_mechanism"),
+    )
+    security.add_argument("--sasl-username", help=_env_help("SASL user", "sasl_username"))
+    for option, text in (
+        ("--ssl-cafile", "CA certificates (PEM) to check the brokers by (the system's)"),
+        ("--ssl-certfile", "this client's certificate (PEM), for brokers that ask (mTLS)"),
+        ("--ssl-keyfile", "its private key (PEM), if not in --ssl-certfile"),
+    ):
+        name = option.removeprefix("--").replace("-", "_")
+        security.add_argument(option, help=_env_help(text, name))
     tuning = parser.add_argument_group("Kafka client tuning")
     tuning.add_argument(
         "--client-id", help=_env_help("client id the brokers see (limitflow)", "client_id")
@@ -166,6 +191,19 @@ def _settings(load: Callable[[], _T]) -> _T:
 # -- clients, built once from the settings ------------------------------------------
 
 
+def client_security(security: KafkaSecurity) -> dict[str, Any]:
+    """The keyword arguments of every aiokafka client for ``security`` (checked when the
+    settings were loaded)."""
+    kwargs: dict[str, Any] = {"security_protocol": security.security_protocol}
+    if security.tls:
+        kwargs["ssl_context"] = tls_context(security)
+    if security.sasl:
+        kwargs["sasl_mechanism"] = security.sasl_mechanism
+        kwargs["sasl_plain_username"] = security.sasl_username
+        kwargs["sasl_plain_password"] = security.sasl_password
+    return kwargs
+
+
 def _admin(kafka: KafkaSettings) -> AIOKafkaAdminClient:
     from aiokafka.admin import AIOKafkaAdminClient
 
@@ -173,6 +211,7 @@ def _admin(kafka: KafkaSettings) -> AIOKafkaAdminClient:
         bootstrap_servers=kafka.bootstrap_servers,
         client_id=f"{kafka.client_id}-admin",
         request_timeout_ms=kafka.request_timeout_ms,
+        **client_security(kafka.security),
     )
 
 
@@ -196,6 +235,7 @@ def _consumer(settings: RunSettings) -> AIOKafkaConsumer:
         # and only then assigned: with aiokafka's 5 minutes, events keyed to them waited
         # that long while /readyz said running and lag did not count them
         metadata_max_age_ms=METADATA_MAX_AGE_MS,
+        **client_security(settings.kafka.security),
     )
 
 
@@ -217,6 +257,7 @@ def _producer(kafka: KafkaSettings, transactional_id: str | None = None) -> AIOK
         request_timeout_ms=kafka.request_timeout_ms,
         transactional_id=transactional_id,
         enable_idempotence=transactional_id is not None,
+        **client_security(kafka.security),
     )
 
 
@@ -539,6 +580,8 @@ async def serve(
         "dead_letter_topic": kafka.dead_letter_topic,
         "group_id": settings.group_id,
         "guarantee": settings.guarantee.value,
+        "security_protocol": kafka.security.security_protocol,
+        "sasl_username": kafka.security.sasl_username or None,
         "store": redacted(settings.store),
         "batch_size": settings.batch_size,
         "rules": settings.rules,

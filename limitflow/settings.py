@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import logging
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -31,6 +32,103 @@ class Guarantee(enum.StrEnum):
     EXACTLY_ONCE = "exactly-once"
     """Verdicts and offsets are committed in one Kafka transaction per input partition;
     ``read_committed`` readers see each verdict once."""
+
+
+SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSecurity:
+    """How the Kafka clients prove who they are and protect what they send: TLS and
+    SASL, as Kafka's own clients name them (``security.protocol``, ``sasl.mechanism``)."""
+
+    security_protocol: str = "PLAINTEXT"
+    """``SECURITY_PROTOCOLS``: TLS (``SSL``), SASL, both, or neither."""
+    sasl_mechanism: str = ""
+    """``SASL_MECHANISMS``; required with a ``SASL_*`` protocol."""
+    sasl_username: str = ""
+    sasl_password: str = dataclasses.field(default="", repr=False)
+    """From the environment only (``LIMITFLOW_SASL_PASSWORD``): a flag's value would
+    show in the process list. Never logged or shown."""
+    ssl_cafile: str = ""
+    """CA certificates (PEM) the brokers' certificates are checked against; empty: the
+    system's. Brokers' host names are checked too."""
+    ssl_certfile: str = ""
+    """This client's certificate chain (PEM), for brokers that require one (mTLS)."""
+    ssl_keyfile: str = ""
+    """Its private key (PEM); empty: in ``ssl_certfile``."""
+
+    @property
+    def tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+
+def check_security(security: KafkaSecurity) -> None:
+    """Refuse what would leave a client unable to connect, or connected with less
+    protection than asked for (a CA file given while TLS is off, say), at start."""
+    if security.security_protocol not in SECURITY_PROTOCOLS:
+        raise ConfigError(
+            f"security_protocol ({env_name('security_protocol')}) must be one of"
+            f" {', '.join(SECURITY_PROTOCOLS)}, not {security.security_protocol!r}"
+        )
+    if not security.sasl:
+        sasl = ("sasl_mechanism", "sasl_username", "sasl_password")
+        given = [name for name in sasl if getattr(security, name)]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} set, but security_protocol"
+                f" ({env_name('security_protocol')}) is {security.security_protocol}: use"
+                " SASL_SSL (or SASL_PLAINTEXT) for SASL"
+            )
+    elif security.sasl_mechanism not in SASL_MECHANISMS:
+        raise ConfigError(
+            f"sasl_mechanism ({env_name('sasl_mechanism')}) must be one of"
+            f" {', '.join(SASL_MECHANISMS)} with {security.security_protocol},"
+            f" not {security.sasl_mechanism!r}"
+        )
+    else:
+        for name in ("sasl_username", "sasl_password"):
+            if not getattr(security, name):
+                raise ConfigError(f"{name} ({env_name(name)}) is required with SASL")
+    files = [n for n in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(security, n)]
+    if files and not security.tls:
+        raise ConfigError(
+            f"{', '.join(files)} set, but security_protocol ({env_name('security_protocol')})"
+            f" is {security.security_protocol}: use SSL or SASL_SSL for TLS"
+        )
+    if security.ssl_keyfile and not security.ssl_certfile:
+        raise ConfigError(
+            f"ssl_keyfile ({env_name('ssl_keyfile')}) needs ssl_certfile"
+            f" ({env_name('ssl_certfile')}), the certificate it is the key of"
+        )
+    if security.tls:
+        tls_context(security)  # files that cannot be read or used: refused at start
+
+
+def tls_context(security: KafkaSecurity) -> ssl.SSLContext:
+    """The TLS context of every Kafka client (as aiokafka's ``create_ssl_context`` makes
+    it): brokers' certificates and host names checked against ``ssl_cafile`` or the
+    system's CAs, and this client's certificate offered when one is given. Files that
+    cannot be read or used are a ``ConfigError`` naming them."""
+    try:
+        context = ssl.create_default_context(
+            ssl.Purpose.SERVER_AUTH, cafile=security.ssl_cafile or None
+        )
+        if security.ssl_certfile:
+            context.load_cert_chain(security.ssl_certfile, security.ssl_keyfile or None)
+    except (OSError, ssl.SSLError) as exc:
+        files = ", ".join(
+            f"{name} ({env_name(name)}) {getattr(security, name)}"
+            for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+            if getattr(security, name)
+        )
+        raise ConfigError(f"TLS: {files or 'the system CA certificates'}: {exc}") from None
+    return context
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +156,8 @@ class KafkaSettings:
     for the brokers' disks and every reader of the topic, and `run` published faster on
     this project's benchmark. Readers need a Kafka client that reads zstd (Apache
     Kafka's since 2.1, librdkafka, aiokafka with cramjam); ``none`` for those that cannot."""
+    security: KafkaSecurity = KafkaSecurity()
+    """TLS and SASL of every client (consumer, producers, admin)."""
 
 
 COMPRESSIONS: Final = ("zstd", "lz4", "snappy", "gzip", "none")
@@ -138,7 +238,7 @@ def env_name(option: str) -> str:
 
 def _convert(name: str, raw: Any, kind: Any) -> Any:
     """``raw`` (a string from the environment, or a parsed flag) as type ``kind``."""
-    if not isinstance(raw, str):
+    if not isinstance(raw, str) or name == "sasl_password":  # a password is as given
         return raw
     text = raw.strip()
     try:
@@ -263,7 +363,7 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     (``LIMITFLOW_GUARANTE=exactly-once``) was ignored without a word."""
     known = {
         env_name(spec.name)
-        for cls in (KafkaSettings, RunSettings, TopicSettings)
+        for cls in (KafkaSettings, KafkaSecurity, RunSettings, TopicSettings)
         for spec in dataclasses.fields(cls)
     }
     known.update(env_name(name) for name in (*FAUST_ONLY, *TEST_VARIABLES))
@@ -291,7 +391,15 @@ def check_bootstrap(servers: str) -> None:
             )
 
 
-def _check(settings: KafkaSettings) -> KafkaSettings:
+def load_security(values: Mapping[str, Any], env: Mapping[str, str]) -> KafkaSecurity:
+    """``KafkaSecurity`` from parsed flags (None = not given) over ``env``, checked."""
+    security = _build(KafkaSecurity, values, env)
+    check_security(security)
+    return security
+
+
+def _kafka(values: Mapping[str, Any], env: Mapping[str, str]) -> KafkaSettings:
+    settings = _build(KafkaSettings, values, env, security=load_security(values, env))
     check_bootstrap(settings.bootstrap_servers)
     check_topics(settings.input_topic, settings.output_topic, settings.dead_letter_topic)
     check_compression(settings.compression)
@@ -320,7 +428,7 @@ LOG_LEVELS: Final = tuple(logging.getLevelNamesMapping())
 def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunSettings:
     """``RunSettings`` from parsed flags (None = not given) over ``env`` over defaults."""
     _require((KafkaSettings, RunSettings), values, env)
-    kafka = _check(_build(KafkaSettings, values, env))
+    kafka = _kafka(values, env)
     settings = _build(RunSettings, values, env, kafka=kafka)
     check_group(settings.group_id)
     for name in (
@@ -352,7 +460,7 @@ def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunS
 
 def load_topic_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> TopicSettings:
     """``TopicSettings`` from parsed flags (None = not given) over ``env`` over defaults."""
-    kafka = _check(_build(KafkaSettings, values, env))
+    kafka = _kafka(values, env)
     settings = _build(TopicSettings, values, env, kafka=kafka)
     check_positive("partitions", settings.partitions)
     check_positive("replication_factor", settings.replication_factor)

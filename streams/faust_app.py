@@ -26,6 +26,7 @@ importing this module has no side effects.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -47,6 +48,7 @@ from limitflow.errors import ConfigError, LimitflowError
 from limitflow.settings import (
     DEFAULT_STORE,
     METADATA_MAX_AGE_MS,
+    KafkaSecurity,
     check_bootstrap,
     check_compression,
     check_group,
@@ -55,6 +57,8 @@ from limitflow.settings import (
     check_topics,
     env_name,
     load_env_settings,
+    load_security,
+    tls_context,
     unknown_variables,
 )
 from limitflow.stopping import SIGNALS
@@ -106,11 +110,13 @@ class FaustSettings:
     """Port of faust's web server (stats, health); ``worker --without-web`` turns it off."""
     data_dir: str = ""
     """faust's data directory (unused: no tables); default a folder in the temp dir."""
+    security: KafkaSecurity = dataclasses.field(default_factory=KafkaSecurity)
+    """As for ``limitflow run``: TLS and SASL (``LIMITFLOW_SECURITY_PROTOCOL``, …)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> FaustSettings:
         """Settings from ``LIMITFLOW_*`` variables over the defaults."""
-        settings = load_env_settings(cls, env)
+        settings = dataclasses.replace(load_env_settings(cls, env), security=load_security({}, env))
         # the checks of `limitflow run`'s settings, for the same variables
         check_bootstrap(settings.bootstrap_servers)
         check_topics(settings.input_topic, settings.output_topic, settings.dead_letter_topic)
@@ -393,10 +399,13 @@ class LimitflowApp(faust.App):
         """An admin client: its start asks a bootstrap server for the cluster's metadata."""
         from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
 
+        from limitflow.run_cli import client_security
+
         return AIOKafkaAdminClient(
             bootstrap_servers=self.limitflow.bootstrap_servers,
             client_id=f"{self.limitflow.group_id}-probe",
             request_timeout_ms=self.limitflow.request_timeout_ms,
+            **client_security(self.limitflow.security),
         )
 
     async def on_stop(self) -> None:
@@ -406,6 +415,20 @@ class LimitflowApp(faust.App):
     async def on_restart(self) -> None:
         self._stopping.clear()  # as mode clears its own events for a restart
         await super().on_restart()
+
+
+def faust_credentials(security: KafkaSecurity) -> Any:
+    """``broker_credentials`` for faust from the settings ``limitflow run`` reads too;
+    None for PLAINTEXT."""
+    context = tls_context(security) if security.tls else None
+    if security.sasl:
+        return faust.SASLCredentials(
+            username=security.sasl_username,
+            password=security.sasl_password,
+            ssl_context=context,
+            mechanism=security.sasl_mechanism,
+        )
+    return None if context is None else faust.SSLCredentials(context)
 
 
 def build_app(settings: FaustSettings, rules: RuleSet | None = None) -> faust.App:
@@ -437,6 +460,7 @@ def build_app(settings: FaustSettings, rules: RuleSet | None = None) -> faust.Ap
         or os.path.join(tempfile.gettempdir(), f"limitflow-faust-{settings.group_id}"),
         key_serializer="raw",
         value_serializer="raw",
+        broker_credentials=faust_credentials(settings.security),
     )
     source = app.topic(
         settings.input_topic,

@@ -48,6 +48,7 @@ LIMITFLOW_DYNAMODB_JAVA_OPTS (JVM options for DynamoDB Local).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -56,6 +57,7 @@ import shlex
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -673,6 +675,121 @@ def kafka_broker(kind: str = "tansu") -> Iterator[KafkaBroker]:
             handle._process.first_start()
             handle.bootstrap_servers = f"{LOOPBACK}:{handle._process.port}"
             yield handle
+        finally:
+            handle._close()
+
+
+def make_certificates(folder: Path) -> dict[str, Path]:
+    """A test CA, and a server certificate for 127.0.0.1 and a client certificate signed
+    by it (PEM files, made with the openssl command)."""
+
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*argv: str) -> None:
+        subprocess.run(["openssl", *argv], check=True, capture_output=True, cwd=folder)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+            "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
+    for name, extension in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
+        (folder / f"{name}.ext").write_text(extension + "\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
+                "-out", f"{name}.pem")  # fmt: skip
+    return {
+        "ca": folder / "ca.pem",
+        "server": folder / "server.pem",
+        "server_key": folder / "server.key",
+        "client": folder / "client.pem",
+        "client_key": folder / "client.key",
+    }
+
+
+class _TlsFront:
+    """A TLS server on a port of its own that forwards each connection's plain bytes to
+    ``target``, in a thread with its own event loop (the tests block theirs at times)."""
+
+    def __init__(self, port: int, target: int, context: ssl.SSLContext) -> None:
+        self.port, self.target, self.context = port, target, context
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._serve(),))
+
+    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, ConnectionError, ssl.SSLError):
+            while data := await r.read(65_536):
+                w.write(data)
+                await w.drain()
+        w.close()
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            server_r, server_w = await asyncio.open_connection(LOOPBACK, self.target)
+        except OSError:
+            client_w.close()
+            return
+        await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w))
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(self._handle, LOOPBACK, self.port, ssl=self.context)
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+
+    def __enter__(self) -> _TlsFront:
+        self.thread.start()
+        if not self._ready.wait(10):
+            raise ServerStartError(f"TLS front on port {self.port} did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._stop is not None
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@contextlib.contextmanager
+def kafka_behind_tls(certificates: dict[str, Path]) -> Iterator[KafkaBroker]:
+    """A tansu broker that clients reach only through TLS: tansu listens in plain on one
+    port and advertises another, where a TLS server (``certificates["server"]``)
+    forwards to it and asks each client for a certificate signed by
+    ``certificates["ca"]`` (mutual TLS). Native always: tansu 0.6's own TLS listener
+    (``--cert``) does not complete a handshake, and the Docker broker is not set up so."""
+    front_port = free_port()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=certificates["ca"])
+    context.load_cert_chain(certificates["server"], certificates["server_key"])
+    context.verify_mode = ssl.CERT_REQUIRED
+    binary = str(tansu_binary())
+
+    def argv(port: int) -> list[str]:
+        return [
+            binary,
+            "broker",
+            "--listener-url",
+            f"tcp://{LOOPBACK}:{port}",
+            "--advertised-listener-url",
+            f"tcp://{LOOPBACK}:{front_port}",
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+
+    with _workdir("kafka-tls") as workdir:
+        handle = KafkaBroker("tansu")
+        handle._process = _Process(
+            "tansu", argv, lambda port: _ignore(kafka_probe(LOOPBACK, port)), workdir
+        )
+        try:
+            handle._process.first_start()
+            with _TlsFront(front_port, handle._process.port, context):
+                handle.bootstrap_servers = f"{LOOPBACK}:{front_port}"
+                yield handle
         finally:
             handle._close()
 

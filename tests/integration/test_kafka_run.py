@@ -157,6 +157,10 @@ class Setup:
     runs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     store_url: str | None = None
     """The store of every run; None: a sqlite file of its own."""
+    security: list[str] = field(default_factory=list)
+    """Flags of ``run`` and ``topics create`` for TLS and SASL (``--security-protocol``…)."""
+    client: dict[str, Any] = field(default_factory=dict)
+    """The same for the test's own aiokafka clients (``security_protocol``, ``ssl_context``…)."""
 
     @property
     def topics(self) -> tuple[str, str, str]:
@@ -177,6 +181,7 @@ class Setup:
             verdicts,
             "--dead-letter-topic",
             dead,
+            *self.security,
         ]
 
     def create_topics(self) -> None:
@@ -257,10 +262,13 @@ def setup(tansu: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterato
     made.kill_all()
 
 
-async def produce(bootstrap: str, topic: str, lines: Sequence[bytes | None]) -> list[str]:
+async def produce(
+    bootstrap: str, topic: str, lines: Sequence[bytes | None], **client: Any
+) -> list[str]:
     """Send ``lines`` in order, keyed by account_id; their ``topic:partition:offset``.
-    None sends a record with no value (a tombstone), keyed ``gone``."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    None sends a record with no value (a tombstone), keyed ``gone``. ``client``: more
+    arguments of the producer (TLS, SASL)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, **client)
     await producer.start()
     try:
         futures = [
@@ -291,13 +299,16 @@ async def read_topic(
     records: int | None = None,
     timeout: float = 60,
     idle: float = 2.0,
+    client: dict[str, Any] | None = None,
 ) -> Seen:
-    """Every record of ``topic`` from the start, until ``until`` distinct sources (or idle)."""
+    """Every record of ``topic`` from the start, until ``until`` distinct sources (or idle).
+    ``client``: more arguments of the consumer (TLS, SASL)."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         isolation_level=isolation,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
+        **(client or {}),
     )
     await consumer.start()
     seen = Seen()
@@ -442,7 +453,12 @@ async def check_against_replay(
     _, verdict_topic, dead_topic = s.topics
     n_verdicts = sum(v is not None for v in expected_v)
     verdicts = await read_topic(
-        s.bootstrap, verdict_topic, isolation=isolation, until=n_verdicts, timeout=timeout
+        s.bootstrap,
+        verdict_topic,
+        isolation=isolation,
+        until=n_verdicts,
+        timeout=timeout,
+        client=s.client,
     )
     if exactly_once and len(verdicts.by_source) < n_verdicts:
         # noida defect: a read_committed reader that fetched while a transaction was open
@@ -452,7 +468,12 @@ async def check_against_replay(
             s.bootstrap, verdict_topic, isolation=isolation, until=n_verdicts, timeout=timeout
         )
     dead = await read_topic(
-        s.bootstrap, dead_topic, isolation=isolation, until=len(lines) - n_verdicts, timeout=30
+        s.bootstrap,
+        dead_topic,
+        isolation=isolation,
+        until=len(lines) - n_verdicts,
+        timeout=30,
+        client=s.client,
     )
     for source, want_v, want_d in zip(sources, expected_v, expected_d, strict=True):
         if want_v is not None:

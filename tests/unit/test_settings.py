@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -10,8 +11,10 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,11 +22,13 @@ from limitflow.errors import ConfigError
 from limitflow.settings import (
     COMPRESSIONS,
     Guarantee,
+    KafkaSecurity,
     env_name,
     load_run_settings,
     load_topic_settings,
     unknown_variables,
 )
+from tests.servers import make_certificates
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -336,7 +341,7 @@ def test_the_faust_consumer_waits_for_fetches_as_long_as_the_setting_says(
 
 def test_run_help_names_every_setting_and_its_variable() -> None:
     # the README sends people to --help for the LIMITFLOW_ variables; it hid ten of them
-    from limitflow.settings import KafkaSettings, RunSettings
+    from limitflow.settings import KafkaSecurity, KafkaSettings, RunSettings
 
     shown = subprocess.run(
         [sys.executable, "-m", "limitflow", "run", "--help"],
@@ -346,10 +351,14 @@ def test_run_help_names_every_setting_and_its_variable() -> None:
         env={**os.environ, "COLUMNS": "200"},
     ).stdout
     names = {f.name for f in dataclasses.fields(RunSettings) if f.name not in ("kafka",)}
-    names |= {f.name for f in dataclasses.fields(KafkaSettings)}
+    names |= {f.name for f in dataclasses.fields(KafkaSettings) if f.name != "security"}
+    names |= {f.name for f in dataclasses.fields(KafkaSecurity) if f.name != "sasl_password"}
     for name in sorted(names):
         assert f"--{name.replace('_', '-')}" in shown, name
         assert env_name(name) in shown, name
+    # no flag for the password: it would show in the process list
+    assert "--sasl-password" not in shown
+    assert env_name("sasl_password") in shown
 
 
 @pytest.mark.parametrize("codec", [c for c in COMPRESSIONS if c != "none"])
@@ -379,7 +388,12 @@ def test_a_misspelt_variable_is_named_and_known_ones_are_not() -> None:
 def test_every_variable_limitflow_or_its_tests_read_is_known() -> None:
     from streams.faust_app import FaustSettings
 
-    faust = {env_name(spec.name): "" for spec in dataclasses.fields(FaustSettings)}
+    faust = {
+        env_name(spec.name): ""
+        for cls in (FaustSettings, KafkaSecurity)
+        for spec in dataclasses.fields(cls)
+        if spec.name != "security"  # a group of the settings below, not a variable
+    }
     assert unknown_variables(faust) == []
     read: set[str] = set()
     for path in [*ROOT.glob("tests/**/*.py"), *ROOT.glob("benchmarks/*.py"), *ROOT.glob("*.yml")]:
@@ -418,3 +432,146 @@ def test_a_store_url_is_logged_without_its_secrets(url: str, shown: str) -> None
     from stores.base import redacted
 
     assert redacted(url) == shown
+
+
+# -- TLS and SASL ---------------------------------------------------------------------------
+
+
+def test_plaintext_is_the_default_and_needs_nothing_more() -> None:
+    from limitflow.run_cli import client_security
+
+    security = load_run_settings({}, env_of(REQUIRED)).kafka.security
+    assert security == KafkaSecurity()
+    assert client_security(security) == {"security_protocol": "PLAINTEXT"}
+
+
+async def test_sasl_settings_reach_every_client_and_the_password_is_never_shown() -> None:
+    env = env_of(
+        {
+            **REQUIRED,
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username": "limitflow",
+            "sasl_password": " pa ss ",  # as given: spaces are part of a password
+        }
+    )
+    settings = load_run_settings({}, env)
+    assert settings.kafka.security.sasl_password == " pa ss "
+    assert " pa ss " not in repr(settings)
+    async with every_client(settings) as clients:
+        for client in clients:
+            assert client._security_protocol == "SASL_PLAINTEXT"
+            assert client._sasl_mechanism == "SCRAM-SHA-512"
+            assert (client._sasl_plain_username, client._sasl_plain_password) == (
+                "limitflow",
+                " pa ss ",
+            )
+
+
+@contextlib.asynccontextmanager
+async def every_client(settings: Any) -> AsyncIterator[list[Any]]:
+    """The aiokafka clients (their connection layer) that ``run`` makes, never started."""
+    from limitflow.run_cli import _admin, _consumer, _producer
+
+    admin, consumer = _admin(settings.kafka), _consumer(settings)
+    producers = [_producer(settings.kafka), _producer(settings.kafka, "limitflow-txn-0")]
+    try:
+        yield [admin._client, consumer._client, *(p.client for p in producers)]
+    finally:
+        await admin.close()
+        await consumer.stop()
+        for producer in producers:
+            await producer.stop()
+
+
+async def test_tls_settings_reach_every_client_with_the_ca_given(tmp_path: Path) -> None:
+    import ssl
+
+    ca = make_certificates(tmp_path)["ca"]
+    env = env_of({**REQUIRED, "security_protocol": "SSL", "ssl_cafile": str(ca)})
+    settings = load_run_settings({}, env)
+    async with every_client(settings) as clients:
+        for client in clients:
+            assert client._security_protocol == "SSL"
+            context = client._ssl_context
+            assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
+            subjects = [c["subject"] for c in context.get_ca_certs()]
+            assert subjects == [((("commonName", "test-ca"),),)]
+
+
+@pytest.mark.parametrize(
+    ("values", "said"),
+    [
+        ({"security_protocol": "TLS"}, "security_protocol (LIMITFLOW_SECURITY_PROTOCOL) must be"),
+        ({"security_protocol": "SASL_SSL"}, "sasl_mechanism (LIMITFLOW_SASL_MECHANISM) must be"),
+        (
+            {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-256"},
+            "sasl_username (LIMITFLOW_SASL_USERNAME) is required with SASL",
+        ),
+        (
+            {
+                "security_protocol": "SASL_SSL",
+                "sasl_mechanism": "SCRAM-SHA-256",
+                "sasl_username": "u",
+            },
+            "sasl_password (LIMITFLOW_SASL_PASSWORD) is required with SASL",
+        ),
+        (
+            {"sasl_username": "u", "sasl_password": "hunter2-secret"},
+            "sasl_username, sasl_password set, but security_protocol",
+        ),
+        ({"ssl_cafile": "/etc/ca.pem"}, "ssl_cafile set, but security_protocol"),
+        (
+            {"security_protocol": "SSL", "ssl_keyfile": "/k.pem"},
+            "ssl_keyfile (LIMITFLOW_SSL_KEYFILE) needs ssl_certfile",
+        ),
+        (
+            {"security_protocol": "SSL", "ssl_cafile": "/nowhere/ca.pem"},
+            "TLS: ssl_cafile (LIMITFLOW_SSL_CAFILE) /nowhere/ca.pem:",
+        ),
+    ],
+)
+def test_security_settings_that_would_not_connect_or_protect_less_are_refused(
+    values: dict[str, str], said: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_run_settings({}, env_of({**REQUIRED, **values}))
+    assert said in str(refused.value)
+    assert "hunter2-secret" not in str(refused.value)
+
+
+def test_the_faust_app_takes_the_same_security_settings(tmp_path: Path) -> None:
+    import faust
+
+    from streams.faust_app import FaustSettings, faust_credentials
+
+    base = {"bootstrap_servers": "127.0.0.1:9092", "rules": "rules.yaml"}
+    assert FaustSettings.from_env(env_of(base)).security == KafkaSecurity()
+    assert faust_credentials(KafkaSecurity()) is None
+    ca = str(make_certificates(tmp_path)["ca"])
+    tls = FaustSettings.from_env(env_of({**base, "security_protocol": "SSL", "ssl_cafile": ca}))
+    credentials = faust_credentials(tls.security)
+    assert isinstance(credentials, faust.SSLCredentials)
+    assert credentials.context.get_ca_certs()[0]["subject"] == ((("commonName", "test-ca"),),)
+    sasl = FaustSettings.from_env(
+        env_of(
+            {
+                **base,
+                "security_protocol": "SASL_SSL",
+                "sasl_mechanism": "SCRAM-SHA-256",
+                "sasl_username": "limitflow",
+                "sasl_password": "s3cret",
+                "ssl_cafile": ca,
+            }
+        )
+    )
+    credentials = faust_credentials(sasl.security)
+    assert isinstance(credentials, faust.SASLCredentials)
+    assert (credentials.username, credentials.password) == ("limitflow", "s3cret")
+    assert credentials.mechanism.value == "SCRAM-SHA-256"
+    assert credentials.protocol.value == "SASL_SSL"
+    with pytest.raises(ConfigError, match="sasl_password"):
+        FaustSettings.from_env(
+            env_of({**base, "security_protocol": "SASL_SSL"})
+            | env_of({"sasl_mechanism": "PLAIN", "sasl_username": "u"})
+        )
