@@ -718,6 +718,8 @@ class _TlsFront:
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
         self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._serve(),))
 
     async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -726,21 +728,36 @@ class _TlsFront:
                 w.write(data)
                 await w.drain()
         w.close()
+        with contextlib.suppress(OSError, ConnectionError, ssl.SSLError):
+            await w.wait_closed()
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+        self._open.add(client_w)
         try:
             server_r, server_w = await asyncio.open_connection(LOOPBACK, self.target)
         except OSError:
             client_w.close()
+            with contextlib.suppress(OSError, ConnectionError, ssl.SSLError):
+                await client_w.wait_closed()
             return
+        self._open.add(server_w)
         await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w))
+        self._open.difference_update((client_w, server_w))
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         server = await asyncio.start_server(self._handle, LOOPBACK, self.port, ssl=self.context)
         self._ready.set()
-        async with server:
-            await self._stop.wait()
+        await self._stop.wait()
+        server.close()
+        for writer in list(self._open):  # every connection ends before the loop does
+            writer.transport.abort()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await server.wait_closed()
 
     def __enter__(self) -> _TlsFront:
         self.thread.start()

@@ -61,34 +61,50 @@ class Cut:
         assert task is not None
         self.handlers.add(task)
         task.add_done_callback(self.handlers.discard)
+        writers = [client_w]
         try:
             server_r, server_w = await asyncio.open_connection(*self.target)
         except OSError:
-            client_w.close()
+            await _closed(writers)
             return
-        self.open |= {client_w, server_w}
+        writers.append(server_w)
+        if self.server is None:  # cut while it connected
+            await _closed(writers)
+            return
+        self.open.update(writers)
 
         async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             with contextlib.suppress(OSError, ConnectionError):
                 while data := await r.read(65_536):
                     w.write(data)
                     await w.drain()
-            w.close()
+            await _closed([w])
 
         await asyncio.gather(pump(client_r, server_w), pump(server_r, client_w))
-        self.open -= {client_w, server_w}
+        self.open.difference_update(writers)
 
     async def up(self) -> None:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
 
     async def down(self) -> None:
         assert self.server is not None
-        self.server.close()
+        server, self.server = self.server, None
+        server.close()
         for writer in list(self.open):
             writer.transport.abort()
-        await asyncio.gather(*self.handlers, return_exceptions=True)  # their pipes end
-        await self.server.wait_closed()
-        self.server = None
+        # every pipe ends, its sockets closed before the test's loop does
+        await asyncio.gather(*self.handlers, return_exceptions=True)
+        await server.wait_closed()
+
+
+async def _closed(writers: list[asyncio.StreamWriter]) -> None:
+    """Close ``writers`` and wait until their sockets are (a socket left to a closed
+    event loop is a ResourceWarning, which fails the test it lands in)."""
+    for writer in writers:
+        writer.close()
+    for writer in writers:
+        with contextlib.suppress(OSError, ConnectionError):
+            await writer.wait_closed()
 
 
 def _url(kind: str, request: pytest.FixtureRequest, address: str | None = None) -> str:
