@@ -358,6 +358,11 @@ METADATA_MAX_AGE_MS: Final = 30_000
 topic waits to be assigned."""
 
 
+GROUPS: Final = ("kafka", "security")
+"""Fields that hold a group of settings (``KafkaSettings``, ``KafkaSecurity``): no
+variable is read for them."""
+
+
 def unknown_variables(env: Mapping[str, str]) -> list[str]:
     """``LIMITFLOW_*`` variables that no limitflow setting is read from: a misspelt one
     (``LIMITFLOW_GUARANTE=exactly-once``) was ignored without a word."""
@@ -365,6 +370,7 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
         env_name(spec.name)
         for cls in (KafkaSettings, KafkaSecurity, RunSettings, TopicSettings)
         for spec in dataclasses.fields(cls)
+        if spec.name not in GROUPS
     }
     known.update(env_name(name) for name in (*FAUST_ONLY, *TEST_VARIABLES))
     return sorted(name for name in env if name.startswith(ENV_PREFIX) and name not in known)
