@@ -1,8 +1,9 @@
-"""``limitflow run`` and ``topics create`` over TLS, with client certificates, against a
-real TLS server in front of tansu (``tests.servers.kafka_behind_tls``).
+"""``limitflow run``, ``topics create`` and the faust app over TLS, with client
+certificates, against a real TLS server in front of tansu
+(``tests.servers.kafka_behind_tls``).
 
 A card issuer's brokers take no plain connection: each of limitflow's clients (admin,
-consumer, producers) must check the brokers' certificate and offer its own.
+consumer, producers, faust's) must check the brokers' certificate and offer its own.
 """
 
 from __future__ import annotations
