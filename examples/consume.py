@@ -7,21 +7,35 @@ of ``limitflow run``::
     python examples/consume.py --bootstrap-servers 127.0.0.1:9094 --topic limitflow.verdicts
 
 It stops after ``--max-records`` records, or once no record has come for ``--timeout``
-seconds. A record without a value (a tombstone) prints as an empty line.
+seconds. A record without a value (a tombstone) prints as an empty line. TLS and SASL
+come from the variables ``limitflow run`` reads (``LIMITFLOW_SECURITY_PROTOCOL``,
+``LIMITFLOW_SSL_CAFILE``, ``LIMITFLOW_SASL_PASSWORD``, …).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer  # type: ignore[import-untyped]
 from aiokafka.errors import KafkaConnectionError  # type: ignore[import-untyped]
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from limitflow.errors import ConfigError
+from limitflow.run_cli import env_client_security
+
 
 async def consume(args: argparse.Namespace) -> int:
+    try:
+        security = env_client_security(os.environ)
+    except ConfigError as exc:
+        print(f"consume.py: {exc}", file=sys.stderr)
+        return 2
     consumer = AIOKafkaConsumer(
         args.topic,
         bootstrap_servers=args.bootstrap_servers,
@@ -29,6 +43,7 @@ async def consume(args: argparse.Namespace) -> int:
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         isolation_level=args.isolation_level,
+        **security,
     )
     try:
         await consumer.start()

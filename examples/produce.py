@@ -5,6 +5,9 @@ partition), at ``--rate`` events a second. Used by docker-compose.yml; also work
 against any broker::
 
     python examples/produce.py --bootstrap-servers 127.0.0.1:9094 --generate 1000
+
+TLS and SASL come from the variables ``limitflow run`` reads
+(``LIMITFLOW_SECURITY_PROTOCOL``, ``LIMITFLOW_SSL_CAFILE``, ``LIMITFLOW_SASL_PASSWORD``, …).
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
@@ -42,11 +47,11 @@ def lines(path: Path, generate: int, seed: int) -> list[bytes]:
     return out
 
 
-async def connect(servers: str, wait: float) -> AIOKafkaProducer:
+async def connect(servers: str, wait: float, security: dict[str, Any]) -> AIOKafkaProducer:
     """A started producer; retries while the broker is still coming up."""
     deadline = time.monotonic() + wait
     while True:
-        producer = AIOKafkaProducer(bootstrap_servers=servers, linger_ms=5)
+        producer = AIOKafkaProducer(bootstrap_servers=servers, linger_ms=5, **security)
         try:
             await producer.start()
             return producer
@@ -59,8 +64,16 @@ async def connect(servers: str, wait: float) -> AIOKafkaProducer:
 
 
 async def produce(args: argparse.Namespace) -> int:
+    from limitflow.errors import ConfigError
+    from limitflow.run_cli import env_client_security
+
+    try:
+        security = env_client_security(os.environ)
+    except ConfigError as exc:
+        print(f"produce.py: {exc}", file=sys.stderr)
+        return 2
     records = lines(Path(args.file), args.generate, args.seed)
-    producer = await connect(args.bootstrap_servers, args.wait)
+    producer = await connect(args.bootstrap_servers, args.wait, security)
     interval = 1 / args.rate if args.rate > 0 else 0.0
     start = time.perf_counter()
     try:

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from limitflow.settings import (
@@ -30,6 +30,7 @@ from limitflow.settings import (
     TopicSettings,
     env_name,
     load_run_settings,
+    load_security,
     load_topic_settings,
     tls_context,
     unknown_variables,
@@ -202,6 +203,12 @@ def client_security(security: KafkaSecurity) -> dict[str, Any]:
         kwargs["sasl_plain_username"] = security.sasl_username
         kwargs["sasl_plain_password"] = security.sasl_password
     return kwargs
+
+
+def env_client_security(env: Mapping[str, str]) -> dict[str, Any]:
+    """``client_security`` of the TLS and SASL settings in ``env`` (the ``LIMITFLOW_*``
+    variables ``run`` reads), for the sample scripts; a bad one is a ``ConfigError``."""
+    return client_security(load_security({}, env))
 
 
 def _admin(kafka: KafkaSettings) -> AIOKafkaAdminClient:

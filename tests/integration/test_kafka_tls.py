@@ -9,10 +9,12 @@ consumer, producers, faust's) must check the brokers' certificate and offer its 
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,3 +131,36 @@ async def test_the_faust_app_over_tls_with_client_certificates_equals_replay(
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(60) == 0, (setup.tmp / "faust.log").read_text()[-3000:]
+
+
+def test_the_sample_scripts_take_the_same_tls_settings(
+    setup: Setup, certificates: dict[str, Path]
+) -> None:
+    env = {
+        **os.environ,
+        "LIMITFLOW_SECURITY_PROTOCOL": "SSL",
+        "LIMITFLOW_SSL_CAFILE": str(certificates["ca"]),
+        "LIMITFLOW_SSL_CERTFILE": str(certificates["client"]),
+        "LIMITFLOW_SSL_KEYFILE": str(certificates["client_key"]),
+    }
+    topic = ("--bootstrap-servers", setup.bootstrap, "--topic", setup.topics[0])
+
+    def script(name: str, *argv: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, str(REPO / "examples" / name), *topic, *argv],
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+
+    sent = script("produce.py", "--rate", "0", "--wait", "5")
+    assert sent.returncode == 0, sent.stderr.decode()
+    read = script("consume.py", "--max-records", "13", "--timeout", "10")
+    assert read.returncode == 0, read.stderr.decode()
+    sample = (REPO / "examples" / "events.jsonl").read_bytes().splitlines()
+    assert sorted(read.stdout.splitlines()) == sorted(line for line in sample if line.strip())
+    env["LIMITFLOW_SSL_CAFILE"] = "/nowhere/ca.pem"
+    refused = script("consume.py")
+    assert refused.returncode == 2
+    assert b"TLS: ssl_cafile (LIMITFLOW_SSL_CAFILE) /nowhere/ca.pem" in refused.stderr
