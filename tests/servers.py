@@ -709,6 +709,26 @@ def make_certificates(folder: Path) -> dict[str, Path]:
     }
 
 
+async def closed(writers: list[asyncio.StreamWriter]) -> None:
+    """Close ``writers`` and wait until their sockets are (a socket left to a closed
+    event loop is a ResourceWarning, which fails the test it lands in)."""
+    for writer in writers:
+        writer.close()
+    for writer in writers:
+        with contextlib.suppress(OSError, ConnectionError, ssl.SSLError):
+            await writer.wait_closed()
+
+
+async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    """Forward ``r`` to ``w`` until ``r`` ends or fails, then close ``w`` (a test
+    proxy's half of a connection)."""
+    with contextlib.suppress(OSError, ConnectionError, ssl.SSLError):
+        while data := await r.read(65_536):
+            w.write(data)
+            await w.drain()
+    await closed([w])
+
+
 class _TlsFront:
     """A TLS server on a port of its own that forwards each connection's plain bytes to
     ``target``, in a thread with its own event loop (the tests block theirs at times)."""
@@ -722,15 +742,6 @@ class _TlsFront:
         self._handlers: set[asyncio.Task[None]] = set()
         self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._serve(),))
 
-    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError, ConnectionError, ssl.SSLError):
-            while data := await r.read(65_536):
-                w.write(data)
-                await w.drain()
-        w.close()
-        with contextlib.suppress(OSError, ConnectionError, ssl.SSLError):
-            await w.wait_closed()
-
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -740,12 +751,10 @@ class _TlsFront:
         try:
             server_r, server_w = await asyncio.open_connection(LOOPBACK, self.target)
         except OSError:
-            client_w.close()
-            with contextlib.suppress(OSError, ConnectionError, ssl.SSLError):
-                await client_w.wait_closed()
+            await closed([client_w])
             return
         self._open.add(server_w)
-        await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w))
+        await asyncio.gather(pipe(client_r, server_w), pipe(server_r, client_w))
         self._open.difference_update((client_w, server_w))
 
     async def _serve(self) -> None:

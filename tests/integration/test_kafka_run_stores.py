@@ -10,7 +10,6 @@ group of two members, and the store's network cut and restored.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import urllib.error
@@ -36,6 +35,7 @@ from tests.integration.test_kafka_run import (
     tansu,  # noqa: F401 - the module's broker fixture
 )
 from tests.integration.test_mongo_store import init_store
+from tests.servers import closed, pipe
 
 pytestmark = pytest.mark.integration
 
@@ -65,22 +65,14 @@ class Cut:
         try:
             server_r, server_w = await asyncio.open_connection(*self.target)
         except OSError:
-            await _closed(writers)
+            await closed(writers)
             return
         writers.append(server_w)
         if self.server is None:  # cut while it connected
-            await _closed(writers)
+            await closed(writers)
             return
         self.open.update(writers)
-
-        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError, ConnectionError):
-                while data := await r.read(65_536):
-                    w.write(data)
-                    await w.drain()
-            await _closed([w])
-
-        await asyncio.gather(pump(client_r, server_w), pump(server_r, client_w))
+        await asyncio.gather(pipe(client_r, server_w), pipe(server_r, client_w))
         self.open.difference_update(writers)
 
     async def up(self) -> None:
@@ -95,16 +87,6 @@ class Cut:
         # every pipe ends, its sockets closed before the test's loop does
         await asyncio.gather(*self.handlers, return_exceptions=True)
         await server.wait_closed()
-
-
-async def _closed(writers: list[asyncio.StreamWriter]) -> None:
-    """Close ``writers`` and wait until their sockets are (a socket left to a closed
-    event loop is a ResourceWarning, which fails the test it lands in)."""
-    for writer in writers:
-        writer.close()
-    for writer in writers:
-        with contextlib.suppress(OSError, ConnectionError):
-            await writer.wait_closed()
 
 
 def _url(kind: str, request: pytest.FixtureRequest, address: str | None = None) -> str:
