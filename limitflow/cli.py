@@ -10,8 +10,9 @@ import signal
 import stat
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from typing import Any, BinaryIO, ClassVar
+from typing import IO, Any, BinaryIO, ClassVar
 
+from limitflow.console import StdoutFailed, out, say
 from limitflow.errors import ConfigError, LimitflowError, StoreError, StoreNotInitialized
 from schemas.rules import RuleChanged, RulesError, RuleSet, counter_meaning, load_rules
 
@@ -112,8 +113,15 @@ def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
         handle = open(path, mode)  # noqa: SIM115 - closed below
     except OSError as exc:
         raise CommandFailed(f"cannot open {path}: {exc.strerror}", code) from None
-    try:
+    with _closing(handle):
         yield handle  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def _closing(handle: IO[bytes]) -> Iterator[None]:
+    """Close ``handle`` after the block; a failure to, only when the block raised none."""
+    try:
+        yield
     finally:
         try:
             handle.close()
@@ -122,6 +130,83 @@ def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
             # first error is the one to report
             if sys.exc_info()[0] is None:
                 raise
+
+
+class _Outputs:
+    """``--output`` and ``--dead-letter``, opened before the store and emptied only once
+    the replay starts: a path that cannot be written fails before a sqlite file is made
+    or a rule's meaning kept there (a refused start keeps nothing), and a replay that
+    ends before it starts leaves an existing file as it was and removes one it made."""
+
+    def __init__(self, output: str, dead_letter: str) -> None:
+        self._fds: dict[str, int] = {}
+        self._made: list[tuple[str, os.stat_result]] = []
+        try:
+            for path in (output, dead_letter):
+                if path != "-" and path not in self._fds:
+                    self._fds[path] = self._open(path)
+        except BaseException:
+            self.discard()
+            raise
+        self.output, self.dead_letter = output, dead_letter
+
+    def _open(self, path: str) -> int:
+        existed = os.path.lexists(path)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise CommandFailed(f"cannot open {path}: {exc.strerror}", EXIT_USAGE) from None
+        if not existed:
+            self._made.append((path, os.fstat(fd)))
+        return fd
+
+    def discard(self) -> None:
+        """Close what was opened, and remove the files made here (still the same files)."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        made, self._made = self._made, []
+        for path, made_file in made:
+            found = _stat(path, -1)
+            if found is not None and os.path.samestat(found, made_file):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+    def start(self, files: contextlib.ExitStack) -> tuple[BinaryIO, BinaryIO]:
+        """The verdicts' and dead letters' files, emptied, closed with ``files``; one
+        handle for both when they are one file (neither then overwrites the other's
+        lines)."""
+        opened: dict[os.stat_result, BinaryIO] = {}
+        handles: list[BinaryIO] = []
+        fds, self._fds, self._made = self._fds, {}, []
+        for path in (self.output, self.dead_letter):
+            if path == "-":
+                handle = files.enter_context(_open_binary(path, "wb"))
+                with contextlib.suppress(OSError, ValueError):  # a stream with no file
+                    opened[os.fstat(handle.fileno())] = handle
+                handles.append(handle)
+                continue
+            fd = fds.pop(path, None)
+            if fd is None:  # the same path as the output's
+                handles.append(handles[0])
+                continue
+            found = os.fstat(fd)
+            same = next(
+                (h for f, h in opened.items() if os.path.samestat(f, found)),
+                None,
+            )
+            if same is not None:  # another name of the same file
+                os.close(fd)
+                handles.append(same)
+                continue
+            if stat.S_ISREG(found.st_mode):
+                os.ftruncate(fd, 0)
+            handle = os.fdopen(fd, "wb")
+            files.enter_context(_closing(handle))
+            opened[found] = handle
+            handles.append(handle)
+        return handles[0], handles[1]
 
 
 def _stat(path: str, stream: int) -> os.stat_result | None:
@@ -135,10 +220,14 @@ def _stat(path: str, stream: int) -> os.stat_result | None:
 def _refuse_store_outputs(args: argparse.Namespace) -> None:
     """Refuse an output that is the sqlite store's file (or its WAL or shared memory):
     opening it for writing would destroy the saved state, and the store, writing it,
-    the verdicts."""
+    the verdicts. Asked before the store opens (the outputs exist then) and after (a
+    sqlite file it has just made exists only then)."""
     from stores import embedded
 
-    _, store_file = embedded(args.store)  # checked already: the store is open
+    try:
+        _, store_file = embedded(args.store)
+    except ConfigError as exc:
+        raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
     if store_file is None:
         return
     for option, path in (("--output", args.output), ("--dead-letter", args.dead_letter)):
@@ -193,11 +282,15 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
             EXIT_STORE,
         )
     with contextlib.ExitStack() as files:
-        # the input first: an unreadable one fails before a sqlite file is made for it
+        # the input first: an unreadable one fails before a sqlite file is made for it;
+        # then the outputs, not emptied yet: nor may one that cannot be written
         source = files.enter_context(_open_binary(args.input, "rb"))
+        outputs = _Outputs(args.output, args.dead_letter)
+        files.callback(outputs.discard)  # unless started: nothing then to discard
+        _refuse_store_outputs(args)
         store = await signals.unless_stopped(args.store, rules, create=not args.dry_run)
         if store is None:
-            _say("limitflow: stopped before the replay started: nothing was decided or written")
+            say("limitflow: stopped before the replay started: nothing was decided or written")
             return EXIT_INTERRUPTED
         assert isinstance(store, Store)
         if args.dry_run:
@@ -205,14 +298,9 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
 
             store = DryRunStore(store)
         try:
-            # once the store is open: a sqlite file it has just made exists only now
+            # again once the store is open: a sqlite file it has just made exists only now
             _refuse_store_outputs(args)
-            verdicts = files.enter_context(_open_binary(args.output, "wb"))
-            # one file for both (it exists now if it is the output): written through one
-            # handle, so that neither overwrites the other's lines
-            letters = _stat(args.dead_letter, 1)
-            shared = letters is not None and os.path.samestat(os.fstat(verdicts.fileno()), letters)
-            dead = verdicts if shared else files.enter_context(_open_binary(args.dead_letter, "wb"))
+            verdicts, dead = outputs.start(files)
             size = os.fstat(source.fileno()).st_size if args.input != "-" else None
             try:
                 with signals, fewer_collections():
@@ -239,19 +327,19 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
                 raise CommandFailed(f"cannot read {args.input}: {exc}", EXIT_INPUT) from None
         finally:
             await store.close()
-    _say(
+    say(
         f"{_count(summary.lines, 'event')}: {summary.accepted} accepted, "
         f"{summary.rejected} rejected, {_count(summary.duplicates, 'duplicate')}, "
         f"{_count(summary.dead_letters, 'dead letter')} in {summary.seconds:.2f}s"
         + (" (a dry run: nothing was stored)" if args.dry_run else "")
     )
     if summary.interrupted and args.dry_run:
-        _say("limitflow: stopped by a signal; a dry run stores nothing")
+        say("limitflow: stopped by a signal; a dry run stores nothing")
         return EXIT_INTERRUPTED
     if summary.interrupted:
         upto = f" (input lines 1-{summary.last_line})" if summary.lines else ""
         again = "Send the same input again" if args.input == "-" else "Replay the same file"
-        _say(
+        say(
             f"limitflow: stopped by a signal after {_count(summary.lines, 'event')}{upto};"
             f" they are decided and written. {again} on the same store to finish: events"
             " decided before repeat their verdicts."
@@ -263,12 +351,6 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
 def _count(n: int, noun: str) -> str:
     """``n`` and ``noun``, plural unless ``n`` is 1: "1 duplicate", "3 dead letters"."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _say(line: str) -> None:
-    """A line on stderr, when there is one."""
-    if sys.stderr is not None:
-        print(line, file=sys.stderr)
 
 
 class _Signals:
@@ -323,18 +405,18 @@ class _Signals:
 
         name = signal.Signals(signum).name
         if self.stop.requested:
-            _say(f"limitflow: {name}: stopping now")
+            say(f"limitflow: {name}: stopping now")
             raise KeyboardInterrupt
         self.stop.requested = True
         if self.over:
-            _say(f"limitflow: {name}: the replay is over; finishing (again to stop at once)")
+            say(f"limitflow: {name}: the replay is over; finishing (again to stop at once)")
             return
         if self._opening is not None:
-            _say(f"limitflow: {name}: stopping before the replay starts (again to stop at once)")
+            say(f"limitflow: {name}: stopping before the replay starts (again to stop at once)")
             loop, stopped = self._opening
             loop.call_soon_threadsafe(stopped.set)
             return
-        _say(f"limitflow: {name}: finishing the batch in hand (again to stop at once)")
+        say(f"limitflow: {name}: finishing the batch in hand (again to stop at once)")
         if self.stop.reading:
             raise Interrupted
 
@@ -355,7 +437,7 @@ def _rules_check(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
     rules = _rules(args.rules)
     from schemas.zones import DATA_VERSION
 
-    print(
+    out(
         f"{args.rules}: {_count(len(rules.rules), 'rule')}, version {rules.version},"
         f" zone data IANA {DATA_VERSION}"
     )
@@ -379,12 +461,12 @@ def _rules_check(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
             where.append(f"{rule.currency} only")
         for field, allowed in rule.match:
             where.append(f"{field} in {sorted(allowed)}")
-        print(f"  {rule.id}: {' and '.join(limits)}, {', '.join(where)}")
+        out(f"  {rule.id}: {' and '.join(limits)}, {', '.join(where)}")
     _note_wide_rules(rules)
     if args.store is None:
         return EXIT_OK
     if _no_store_yet(args.store):
-        print(f"{args.store}: no store there yet: it will keep these rules")
+        out(f"{args.store}: no store there yet: it will keep these rules")
         return EXIT_OK
     return _rules_check_store(args.store, rules)
 
@@ -435,7 +517,7 @@ async def _rules_check_store(url: str, rules: RuleSet) -> int:
     new = sum(counter_meaning(rule) is not None for rule in rules.rules) - known
     kept = f"{_count(known, 'rule')} kept there unchanged" if known else "none kept there yet"
     fresh = f", {new} new: kept at the first start" if new else ""
-    print(f"{redacted(url)}: takes these rules ({kept}{fresh})")
+    out(f"{redacted(url)}: takes these rules ({kept}{fresh})")
     return EXIT_OK
 
 
@@ -456,7 +538,7 @@ def _note_wide_rules(rules: RuleSet) -> None:
     )
     dynamo = max_applicable_rules(DynamoStore.max_records_per_commit)
     if widest > dynamo:
-        print(
+        out(
             f"note: up to {widest} rules may apply to one event (match not counted); an event"
             f" that more than {MAX_APPLICABLE_RULES} apply to ({dynamo} on DynamoDB) becomes"
             " an invalid_event dead letter"
@@ -476,13 +558,13 @@ async def _store_init(args: argparse.Namespace) -> int:
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
     except ValueError as exc:  # a driver's word on an endpoint it cannot use
         raise CommandFailed(f"store: {args.store}: {exc}", EXIT_STORE) from None
-    print(f"{args.store}: ready")
+    out(f"{args.store}: ready")
     return EXIT_OK
 
 
 def _store_forget_rule(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
     if _no_store_yet(args.store):
-        print(f"{args.store}: keeps nothing for rule {args.rule_id!r}")
+        out(f"{args.store}: keeps nothing for rule {args.rule_id!r}")
         return EXIT_OK
     return _forget_rule(args.store, args.rule_id, args.force)
 
@@ -492,9 +574,9 @@ async def _forget_rule(url: str, rule_id: str, force: bool) -> int:
 
     forgotten = await _on_store(url, lambda store: store.forget_rule(rule_id, force=force))
     if not forgotten:
-        print(f"{redacted(url)}: keeps nothing for rule {rule_id!r}")
+        out(f"{redacted(url)}: keeps nothing for rule {rule_id!r}")
     else:
-        print(
+        out(
             f"{redacted(url)}: forgot what the counters of rule {rule_id!r} hold"
             f" ({_count(forgotten, 'window')}); the next start keeps the rules file's"
         )
@@ -586,8 +668,11 @@ def main(argv: Sequence[str] | None = None, *, console: bool = False) -> int:
         outcome = args.handler(args)
         code: int = asyncio.run(outcome) if asyncio.iscoroutine(outcome) else outcome
     except CommandFailed as exc:
-        print(f"limitflow: {exc}", file=sys.stderr)
+        say(f"limitflow: {exc}")
         return exc.code
+    except StdoutFailed as exc:
+        say(f"limitflow: {exc}")
+        return EXIT_INPUT
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

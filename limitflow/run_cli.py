@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -399,12 +398,13 @@ async def _topics_create(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaConnectionError
 
     from limitflow.cli import EXIT_OK, CommandFailed
+    from limitflow.console import out, say
     from limitflow.errors import BrokerError
     from streams.topics import TopicError, create_topics
 
     settings: TopicSettings = _settings(lambda: load_topic_settings(_values(args), os.environ))
     for name in unknown_variables(os.environ):  # as run warns (a misspelt partition count)
-        print(f"limitflow: {name} is not a limitflow setting: ignored (misspelt?)", file=sys.stderr)
+        say(f"limitflow: {name} is not a limitflow setting: ignored (misspelt?)")
     # a one-shot command says what went wrong in its one line: aiokafka's own log lines
     # (each failed connection, at ERROR) would come before it, raw, on stderr
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
@@ -427,7 +427,7 @@ async def _topics_create(args: argparse.Namespace) -> int:
     finally:
         await admin.close()
     for name, what in outcome.items():
-        print(f"{name}: {what}")
+        out(f"{name}: {what}")
     return EXIT_OK
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Final
 
 from handlers.decide import OutcomeKind
+from limitflow.console import say
 from schemas.events import JSON_BLANK_BYTES
 from schemas.verdicts import dead_letter, verdict_encoder
 from streams.engine import Engine, Record, Result
@@ -75,13 +76,13 @@ class _Progress:
             done = min(position / self.total, 1.0)
             bar = "#" * int(done * 30)
             share = f"[{bar:<30}] {done:4.0%} "
-        sys.stderr.write(
+        # a stderr that cannot be written (the terminal went away) ends the display, not
+        # the replay
+        self.enabled = say(
             f"\r{share}{summary.lines:,} events  {summary.accepted:,} accepted  "
-            f"{summary.rejected:,} rejected  {summary.dead_letters:,} dead  {rate:,.0f}/s "
+            f"{summary.rejected:,} rejected  {summary.dead_letters:,} dead  {rate:,.0f}/s ",
+            end="\n" if force else "",
         )
-        if force:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
 
 
 async def replay(

@@ -1135,8 +1135,167 @@ def test_an_output_that_is_a_store_file_not_made_yet_is_refused(
     )
     assert result.returncode == 2
     assert "is the store's file" in one_line_reason(result)
-    with closing(sqlite3.connect(tmp_path / "new.db")) as db:  # a store, still
-        assert db.execute("SELECT count(*) FROM events").fetchone() == (0,)
+    # refused before the store was opened: nothing is left behind, the empty files the
+    # outputs made included
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.jsonl", "rules.yaml"]
+
+
+def test_a_replay_refused_for_an_output_keeps_nothing_and_its_file_put_right_starts(
+    tmp_path: Path,
+) -> None:
+    # the outputs were opened only once the store was: a typo in --output (exit 2) left a
+    # new sqlite store holding the rules' meanings, and with both mistakes put right the
+    # replay was refused for a zone no counter was ever written under
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    wrong = write(
+        tmp_path / "wrong.yaml",
+        [RULES.replace("window: day", "window: day\n    timezone: Asia/Hong_Kong")],
+    )
+    right = write(
+        tmp_path / "right.yaml",
+        [RULES.replace("window: day", "window: day\n    timezone: Asia/Shanghai")],
+    )
+    store = ["--store", f"sqlite:///{tmp_path / 'state.db'}"]
+    refused = limitflow(
+        *("replay", "--rules", str(wrong), "--input", str(source), *store),
+        *("--output", str(tmp_path / "typo" / "v.jsonl"), "--dead-letter", "d.jsonl"),
+        cwd=tmp_path,
+    )
+    assert refused.returncode == 2
+    assert "cannot open" in one_line_reason(refused)
+    assert not (tmp_path / "state.db").exists()
+    assert not (tmp_path / "d.jsonl").exists()  # made to be checked, and removed again
+    done = limitflow(
+        *("replay", "--rules", str(right), "--input", str(source), *store),
+        *("--output", "v.jsonl", "--dead-letter", "d.jsonl"),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert len((tmp_path / "v.jsonl").read_bytes().splitlines()) == 8
+
+
+def test_a_refused_replay_leaves_an_existing_output_as_it_was(tmp_path: Path) -> None:
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    kept = write(tmp_path / "v.jsonl", ["an earlier replay's verdicts"])
+    refused = limitflow(
+        *("replay", "--rules", str(rules), "--input", str(source), "--store", "nosuch://x"),
+        *("--output", str(kept), "--dead-letter", "d.jsonl"),
+        cwd=tmp_path,
+    )
+    assert refused.returncode == 3, refused.stderr.decode()
+    assert kept.read_text() == "an earlier replay's verdicts\n"
+    assert not (tmp_path / "d.jsonl").exists()
+
+
+def _reader_gone() -> int:
+    """The write end of a pipe whose reader has left (writes fail with EPIPE)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    return write_end
+
+
+@pytest.mark.parametrize("stderr", ["/dev/full", "reader gone"])
+def test_a_replay_whose_stderr_cannot_be_written_ends_as_it_would_with_one(
+    tmp_path: Path, stderr: str
+) -> None:
+    # its closing line failed: exit 1 and a traceback on a full disk, 141 with a reader
+    # that had left, for a replay that had decided and written every line
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    err = os.open(stderr, os.O_WRONLY) if stderr.startswith("/") else _reader_gone()
+    try:
+        code = subprocess.run(
+            [
+                *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
+                *("--input", str(source), "--output", "v.jsonl", "--dead-letter", "d.jsonl"),
+                *("--store", "memory://"),
+            ],
+            cwd=tmp_path,
+            stderr=err,
+            timeout=120,
+            check=False,
+        ).returncode
+    finally:
+        os.close(err)
+    assert code == 0
+    assert len((tmp_path / "v.jsonl").read_bytes().splitlines()) == 8
+    assert len((tmp_path / "d.jsonl").read_bytes().splitlines()) == 3
+
+
+def _busy_replay(tmp_path: Path, stderr: int) -> tuple[subprocess.Popen[bytes], Path]:
+    """A sqlite replay of 60,000 events in batches of 200, started, with its verdicts'
+    file, once it has written some."""
+    events = [
+        pay(f"e{n}", account=f"a{n % 50}", day=f"2026-01-{n % 28 + 1:02d}") for n in range(60_000)
+    ]
+    source = write(tmp_path / "events.jsonl", events)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    out = tmp_path / "v.jsonl"
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
+            *("--input", str(source), "--batch-size", "200"),
+            *("--store", f"sqlite:///{tmp_path / 'state.db'}"),
+            *("--output", str(out), "--dead-letter", str(tmp_path / "d.jsonl")),
+        ],
+        cwd=tmp_path,
+        stderr=stderr,
+    )
+    deadline = time.monotonic() + 60
+    while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc, out
+
+
+def test_a_signal_to_a_replay_whose_stderr_is_a_full_disk_still_exits_130(tmp_path: Path) -> None:
+    # the signal's message failed inside the handler: exit 1 and "cannot read <input>: No
+    # space left on device", of an input that read fine
+    with open("/dev/full", "wb") as full:
+        proc, out = _busy_replay(tmp_path, full.fileno())
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130
+    assert 0 < len(out.read_bytes().splitlines()) < 60_000  # whole batches
+
+
+def test_a_replay_whose_terminal_goes_away_finishes_without_its_progress_display(
+    tmp_path: Path,
+) -> None:
+    # the progress display's write failed (EIO) once the terminal closed: the replay
+    # stopped there, exit 1, blaming the input ("cannot read …: Input/output error")
+    import pty
+
+    terminal, its_end = pty.openpty()
+    try:
+        proc, out = _busy_replay(tmp_path, its_end)
+    finally:
+        os.close(its_end)
+    os.close(terminal)  # an ssh session dropped; the replay ignores SIGHUP (not its terminal)
+    assert proc.wait(timeout=120) == 0
+    assert len(out.read_bytes().splitlines()) == 60_000
+
+
+@pytest.mark.parametrize(
+    "command", [["rules", "check", "rules.yaml"], ["store", "init", "--store", "memory://"]]
+)
+def test_a_command_whose_stdout_is_a_full_disk_says_so_in_one_line(
+    tmp_path: Path, command: list[str]
+) -> None:
+    # a traceback, exit 1
+    write(tmp_path / "rules.yaml", [RULES])
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "limitflow", *command],
+            cwd=tmp_path,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            timeout=120,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert one_line_reason(result) == (
+        "limitflow: cannot write standard output: No space left on device"
+    )
 
 
 def test_a_failed_write_names_the_output_not_the_input(tmp_path: Path) -> None:

@@ -1,0 +1,78 @@
+"""What the one-shot commands tell the person at the terminal: messages and a progress
+line on stderr, a command's answer on stdout.
+
+A stderr that cannot be written (the terminal went away under a replay that ignores
+SIGHUP, a full disk, a reader that left) must not change what a command does or its exit
+code: its messages are dropped from then on, and stderr is pointed at /dev/null, so
+that Python's flush at exit does not fail again on what is still buffered. A stdout
+that cannot be written is the command's own failure: ``StdoutFailed``, which the
+command line says on stderr in one line.
+
+This module imports nothing heavy: ``limitflow.cli`` uses it before the rest loads.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+class StdoutFailed(Exception):
+    """Standard output could not be written (not a reader that left: that is
+    ``BrokenPipeError``, which the command line reports as a shell would)."""
+
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(f"cannot write standard output: {exc.strerror or exc}")
+
+
+def _to_devnull(stream: int) -> None:
+    """Point ``stream`` at /dev/null: what is buffered for it then flushes there."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream)
+        finally:
+            os.close(devnull)
+    except OSError:
+        pass  # nothing better to do: the stream was closed or never existed
+
+
+def say(text: str, *, end: str = "\n") -> bool:
+    """Write ``text`` on stderr, when there is one and it can still be written; False
+    when it cannot (it is not tried again)."""
+    stderr = sys.stderr
+    if stderr is None or _lost.stderr:
+        return False
+    try:
+        stderr.write(text + end)
+        stderr.flush()
+    except OSError:  # BrokenPipeError included: nobody reads it any more
+        _lost.stderr = True
+        try:
+            fileno = stderr.fileno()
+        except (OSError, ValueError):
+            return False
+        _to_devnull(fileno)
+        return False
+    return True
+
+
+def out(line: str) -> None:
+    """Print ``line`` on stdout, flushed: ``StdoutFailed`` when it cannot be written,
+    ``BrokenPipeError`` when its reader left."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        _to_devnull(sys.stdout.fileno())
+        raise StdoutFailed(exc) from None
+
+
+class _Lost:
+    """Whether stderr failed once (then nothing more is written there)."""
+
+    stderr = False
+
+
+_lost = _Lost()
