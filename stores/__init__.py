@@ -8,7 +8,7 @@ from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from limitflow.errors import ConfigError
-from stores.base import DAY, RETENTION_PARAMS, Retention, Store, redacted
+from stores.base import DAY, LATEST_EXPIRY, RETENTION_PARAMS, Retention, Store, redacted
 
 SCHEMES = ("memory", "sqlite", "mongodb", "dynamodb")
 
@@ -24,7 +24,9 @@ def _retention(query: dict[str, list[str]]) -> Retention:
 
 def _seconds(query: dict[str, list[str]], name: str, default: int) -> int:
     """A retention in whole seconds, at least one. Zero or less would write every record
-    already expired: each limit reads as empty, a resend is decided again."""
+    already expired: each limit reads as empty, a resend is decided again. A longer one
+    than ``LATEST_EXPIRY`` seconds is taken as that: no record expires later anyway
+    (and ``1e308`` days is a number of seconds past what a float holds)."""
     given = query.pop(name, None)
     if not given:
         return default
@@ -36,7 +38,7 @@ def _seconds(query: dict[str, list[str]], name: str, default: int) -> int:
         raise ConfigError(f"{name}: {given[0]!r} is not a number of days") from None
     if not math.isfinite(days) or days * DAY < 1:
         raise ConfigError(f"{name}: {given[0]!r} must be a finite number of days, at least 1 s")
-    return int(days * DAY)
+    return int(min(days * DAY, LATEST_EXPIRY))
 
 
 def embedded(url: str) -> tuple[Retention, str | None]:

@@ -623,6 +623,24 @@ def test_a_retention_that_cannot_keep_state_is_refused(
     assert one_line_reason(result).startswith(f"limitflow: store: {query.split('=')[0]}: ")
 
 
+@pytest.mark.parametrize("days", ["1e308", "1e306", "1e12"])
+def test_a_retention_past_the_latest_expiry_keeps_records_until_then(days: str) -> None:
+    # 1e308 days is past what a float holds in seconds: an OverflowError traceback
+    from stores import embedded
+    from stores.base import LATEST_EXPIRY
+
+    retention, _ = embedded(f"memory://?bucket_retention_days={days}&event_retention_days={days}")
+    assert retention.bucket_seconds == retention.event_seconds == LATEST_EXPIRY
+
+
+def test_a_replay_with_a_retention_past_the_latest_expiry_runs(tmp_path: Path, rules: Path) -> None:
+    source = write(tmp_path / "in.jsonl", [pay("p1"), pay("p1")])
+    url = f"sqlite:///{tmp_path / 'state.db'}?bucket_retention_days=1e308"
+    result = limitflow(*_replay_args(rules, source, url), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr.decode()
+    assert b"1 duplicate" in result.stderr
+
+
 # --- replay --dry-run: decided against a store, nothing stored --------------------------
 
 
