@@ -11,6 +11,7 @@ import enum
 import hashlib
 import json
 import re
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -220,6 +221,10 @@ JSON_BLANK_BYTES: Final = JSON_BLANKS.encode()
 them is bad input, to dead-letter, not a blank one to skip."""
 
 
+_TOO_LONG: Final = "Integer value out of range"
+"""How msgspec says an integer has more digits than Python reads."""
+
+
 def decode_json(raw: bytes | str) -> Any:
     """Decode one JSON document, keeping number literals exact. An object that names a
     member twice is refused (``invalid_event``): readers disagree on which one counts
@@ -231,6 +236,15 @@ def decode_json(raw: bytes | str) -> Any:
     try:
         doc = _decoder.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        if str(exc).startswith(_TOO_LONG):
+            # Python reads no integer of more digits (``sys.get_int_max_str_digits``):
+            # the time to read one grows with the square of its length
+            where = str(exc).removeprefix(_TOO_LONG).strip(" -")
+            raise EventRejected(
+                DeadLetterError.INVALID_JSON,
+                f"not valid JSON here: an integer of more than {sys.get_int_max_str_digits()}"
+                f" digits ({where})",
+            ) from None
         raise EventRejected(
             DeadLetterError.INVALID_JSON, f"not valid JSON: {_why_not_json(raw, exc)}"
         ) from None

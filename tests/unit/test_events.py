@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from decimal import Decimal
 from typing import Any
 
@@ -674,6 +675,26 @@ def test_a_number_no_decimal_holds_is_a_dead_letter_not_a_crash(number: str, whe
     assert error.detail == (
         "not valid JSON here: a number's exponent is out of range (10^18 or more)"
     )
+
+
+@pytest.mark.parametrize("where", ["alone", "amount", "extra field"])
+def test_an_integer_of_more_digits_than_python_reads_says_so(where: str) -> None:
+    # the dead letter said "Integer value out of range", of a number the README said
+    # was valid (only an exponent of 10^18 was not)
+    number = "1" * (sys.get_int_max_str_digits() + 1)
+    base = json.dumps(payment())[:-1]
+    raw = {
+        "alone": number,
+        "amount": base.replace('"amount": "10.50"', f'"amount": {number}') + "}",
+        "extra field": f'{base}, "x": {number}}}',
+    }[where]
+    error = refused(raw)
+    assert error.error is DeadLetterError.INVALID_JSON
+    assert error.detail.startswith(
+        f"not valid JSON here: an integer of more than {sys.get_int_max_str_digits()} digits"
+    )
+    # as a decimal it is read: only integers have Python's limit
+    assert parse_event(f'{base}, "x": {number}.5}}'.encode()).event_id == "evt-1"
 
 
 @pytest.mark.parametrize(
