@@ -33,7 +33,7 @@ from handlers.decide import OutcomeKind
 from limitflow.errors import LimitflowError, PartitionLost
 from limitflow.settings import RunSettings
 from streams.engine import Engine, Record, Result
-from streams.ops import ConsumerState, Health, Metrics
+from streams.ops import ConsumerState, Health, Metrics, OffsetResets
 from streams.output import Message, Output, messages
 
 log = logging.getLogger("limitflow.consumer")
@@ -221,32 +221,36 @@ class VelocityConsumer:
 
         Ready (RUNNING) once the group has given this member its partitions (maybe none,
         when the group has more members than partitions), not before it has joined."""
-        timeout = self.settings.poll_timeout_ms
         try:
-            while not self.stopping:
-                self._raise_failure()
-                batch = await self._poll(timeout)
-                if batch is None:  # a stop, or a failure, came first
-                    continue
-                if batch:
-                    self._brokers_answered()
-                    async with self._batch_lock:
-                        # a poll that waited while the group rebalanced may return records
-                        # of partitions revoked meanwhile: another member's now. Deciding
-                        # them took them back for a batch (under exactly-once, fencing the
-                        # new owner's producer), and the lag metric of a partition no
-                        # longer assigned then crashed `run` (aiokafka's assertion)
-                        owned = {tp: recs for tp, recs in batch.items() if tp in self._owned}
-                        if owned:
-                            await self._handle(owned)
-                else:
-                    await self._probe_brokers()
-                await self._update_lag()
+            with OffsetResets(self.metrics.offset_resets).installed():
+                await self._consume()
         except BaseException:
             self.health.set(ConsumerState.FAILED)
             raise
         self.health.set(ConsumerState.STOPPED)
         log.info("stopped")
+
+    async def _consume(self) -> None:
+        timeout = self.settings.poll_timeout_ms
+        while not self.stopping:
+            self._raise_failure()
+            batch = await self._poll(timeout)
+            if batch is None:  # a stop, or a failure, came first
+                continue
+            if batch:
+                self._brokers_answered()
+                async with self._batch_lock:
+                    # a poll that waited while the group rebalanced may return records
+                    # of partitions revoked meanwhile: another member's now. Deciding
+                    # them took them back for a batch (under exactly-once, fencing the
+                    # new owner's producer), and the lag metric of a partition no
+                    # longer assigned then crashed `run` (aiokafka's assertion)
+                    owned = {tp: recs for tp, recs in batch.items() if tp in self._owned}
+                    if owned:
+                        await self._handle(owned)
+            else:
+                await self._probe_brokers()
+            await self._update_lag()
 
     async def _poll(self, wait_ms: int) -> Batch | None:
         """``getmany``, or None as soon as a stop is asked for or a rebalance callback

@@ -21,7 +21,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -144,6 +144,58 @@ def unseen_fence(record: logging.LogRecord) -> bool:
     )
 
 
+class OffsetResets(logging.Filter):
+    """aiokafka's word that a partition's fetch offset is out of range, made a warning
+    of limitflow's and counted (``limitflow_offset_resets_total``).
+
+    The brokers no longer hold that offset: retention deleted the records there before
+    they were decided (a consumer stopped for longer than the topic's retention), or
+    the topic was deleted and made again. The consumer reads on from the earliest offset
+    kept (``auto_offset_reset=earliest``): records deleted are never decided, and those
+    of a re-created topic are read and deduplicated. aiokafka says so at INFO, which the
+    log's level for aiokafka (WARNING) left out: records were skipped without a word."""
+
+    LOGGER: Final = "aiokafka.consumer.fetcher"
+
+    def __init__(self, counter: Counter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        if not (text.startswith("Fetch offset") and "out of range" in text):
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        offset, tp = (*args, None, None)[:2]
+        partition = getattr(tp, "partition", None)
+        self.counter.labels(str(partition)).inc()
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.name = "limitflow.consumer"  # limitflow's word now, not aiokafka's
+        topic = getattr(tp, "topic", None)
+        where = f"{topic}:{partition}" if partition is not None else str(tp)
+        record.msg = (
+            f"input partition {where}: offset {offset} is out of range: the brokers no longer"
+            " hold it (deleted by retention, or the topic made again); reading goes on from"
+            " the earliest offset kept, and records deleted before they were decided are not"
+        )
+        record.args = ()
+        return True
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """This filter on aiokafka's fetcher logger, which is set to let its INFO through
+        (its only message at INFO is this one) while the block runs."""
+        fetcher = logging.getLogger(self.LOGGER)
+        level = fetcher.level
+        fetcher.setLevel(logging.INFO)
+        fetcher.addFilter(self)
+        try:
+            yield
+        finally:
+            fetcher.removeFilter(self)
+            fetcher.setLevel(level)
+
+
 def configure_logging(level: str, fmt: str) -> None:
     """Send every log record to stderr as JSON (``fmt="json"``) or plain text, aiokafka's
     repeated ones throttled (``KafkaClientThrottle``), asyncio's reports of fences
@@ -194,6 +246,14 @@ class Metrics:
         self.batch_seconds = Histogram(
             "limitflow_batch_seconds",
             "Time from a batch's arrival to its offsets being committed",
+            registry=r,
+        )
+        self.offset_resets = Counter(
+            "limitflow_offset_resets",
+            "Fetch offsets the brokers no longer hold (deleted by retention, or past the"
+            " end of a re-created topic), by input partition: reading went on from the"
+            " earliest offset kept, and deleted records were never decided",
+            ["partition"],
             registry=r,
         )
         self.lag = Gauge(

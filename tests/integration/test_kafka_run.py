@@ -30,7 +30,10 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
-from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
+from aiokafka.admin import (  # type: ignore[import-untyped]
+    AIOKafkaAdminClient,
+    RecordsToDelete,
+)
 from aiokafka.protocol.group import LeaveGroupRequest  # type: ignore[import-untyped]
 
 from handlers.state import Keys
@@ -860,6 +863,57 @@ async def evict_members(bootstrap: str, group: str) -> None:
             assert response.error_code == 0, f"LeaveGroup {member[0]}: {response}"
     finally:
         await admin.close()
+
+
+async def test_records_deleted_before_they_were_decided_are_said_and_counted(
+    noida: Any, tmp_path: Path
+) -> None:
+    # a member stopped for longer than the input's retention came back to a committed
+    # offset the broker no longer held: aiokafka said so at INFO, which the log left out,
+    # and reading went on from the earliest offset kept, records skipped without a word
+    # (tansu has no DeleteRecords)
+    s = Setup(noida.bootstrap_servers, tmp_path, f"gone-{random.randrange(10**6)}", partitions=1)
+    s.create_topics()
+
+    def pay(n: int) -> bytes:
+        return json.dumps(
+            {
+                "event_id": f"p{n}",
+                "account_id": "acct-1",
+                "amount": "1.00",
+                "currency": "CNY",
+                "occurred_at": "2026-03-14T01:00:00Z",
+            }
+        ).encode()
+
+    await produce(s.bootstrap, s.topics[0], [pay(n) for n in range(10)])
+    first = s.run()
+    wait_for(lambda: _rows(s.store) == 10, 60, "the first ten decided")
+    assert s.stop(first) == 0
+    await produce(s.bootstrap, s.topics[0], [pay(n) for n in range(10, 20)])
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_records({TopicPartition(s.topics[0], 0): RecordsToDelete(15)})
+    finally:
+        await admin.close()
+    port = _free_port()
+    second = s.run("--http-port", str(port))
+    wait_for(lambda: _rows(s.store) == 15, 60, "the records kept decided")
+    _, metrics = http_get(port, "/metrics")
+    assert 'limitflow_offset_resets_total{partition="0"} 1.0' in metrics
+    assert s.stop(second) == 0
+    warnings = [
+        x
+        for x in map(json.loads, filter(lambda x: x.startswith("{"), s.log(1).splitlines()))
+        if x["level"] == "warning" and "out of range" in x["msg"]
+    ]
+    assert len(warnings) == 1, s.log(1)
+    assert warnings[0]["logger"] == "limitflow.consumer"
+    assert f"input partition {s.topics[0]}:0: offset 10 is out of range" in warnings[0]["msg"]
+    verdicts = await read_topic(s.bootstrap, s.topics[1], until=15)
+    decided = {json.loads(v)["event_id"] for vs in verdicts.by_source.values() for v in vs}
+    assert decided == {f"p{n}" for n in (*range(10), *range(15, 20))}
 
 
 @pytest.mark.parametrize("outage", ["frozen", "restarted"])
