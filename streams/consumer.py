@@ -250,7 +250,51 @@ class VelocityConsumer:
                         await self._handle(owned)
             else:
                 await self._probe_brokers()
+                await self._pass_skipped()
             await self._update_lag()
+
+    async def _pass_skipped(self) -> None:
+        """While no records come, commit the positions the consumer has moved past
+        records it never returned: the markers that end transactions (and the records of
+        aborted ones), which a ``read_committed`` consumer skips. A batch commits the
+        offset after its last record; with input written in transactions the marker
+        after it stayed uncommitted, and the lag (limitflow's and that of every tool
+        reading the group's offsets) stayed at 1 a partition for good."""
+        if self.stopping or self._revoking:
+            return
+        ahead: dict[TopicPartition, int] = {}
+        # not a paused one: held in an outage, or no longer this member's (``_rejoin``)
+        for tp in (self._owned & self.consumer.assignment()) - self.consumer.paused():
+            committed = self._positions.get(tp)
+            if committed is None:  # no batch yet: the group's offset is where it reads
+                continue
+            with contextlib.suppress(IllegalStateError, TimeoutError):
+                # known at once for a partition being read (bounded all the same)
+                position = await asyncio.wait_for(self.consumer.position(tp), 0.5)
+                if position > committed:
+                    ahead[tp] = position
+        if not ahead:
+            return
+        done: set[TopicPartition] = set()
+        async with self._batch_lock:
+            try:
+                # as a batch of no records: under exactly-once, a transaction of the
+                # offsets alone, with all that a batch's has (fencing, unsure partitions)
+                await self._retrying(
+                    "publish", lambda: self.output.deliver({tp: [] for tp in ahead}, ahead, done)
+                )
+            except (BatchAbandoned, PartitionLost) as exc:
+                if isinstance(exc, PartitionLost):
+                    self._rejoin({tp for tp in ahead if tp not in done})
+            else:
+                done = set(ahead)
+        for tp in done:
+            self._positions[tp] = max(self._positions.get(tp, 0), ahead[tp])
+        if done:
+            log.debug(
+                "offsets moved past transaction markers",
+                extra={"offsets": _offsets({tp: ahead[tp] for tp in done})},
+            )
 
     async def _poll(self, wait_ms: int) -> Batch | None:
         """``getmany``, or None as soon as a stop is asked for or a rebalance callback

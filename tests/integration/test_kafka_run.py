@@ -842,6 +842,16 @@ def noida(tmp_path: Path) -> Iterator[Any]:
         yield handle
 
 
+@pytest.fixture
+def on_noida(noida: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Setup]:
+    """A set-up on a noida broker of its own, its topics not made yet; its runs killed
+    after the test."""
+    name = request.node.name.replace("_", "-").replace("[", "-").replace("]", "")[:40]
+    made = Setup(noida.bootstrap_servers, tmp_path, f"{name}-{random.randrange(10**6)}")
+    yield made
+    made.kill_all()
+
+
 def _pid(handle: Any) -> int:
     pid = handle.pid if hasattr(handle, "pid") else handle.proc.pid
     assert isinstance(pid, int)
@@ -866,13 +876,14 @@ async def evict_members(bootstrap: str, group: str) -> None:
 
 
 async def test_records_deleted_before_they_were_decided_are_said_and_counted(
-    noida: Any, tmp_path: Path
+    on_noida: Setup,
 ) -> None:
     # a member stopped for longer than the input's retention came back to a committed
     # offset the broker no longer held: aiokafka said so at INFO, which the log left out,
     # and reading went on from the earliest offset kept, records skipped without a word
     # (tansu has no DeleteRecords)
-    s = Setup(noida.bootstrap_servers, tmp_path, f"gone-{random.randrange(10**6)}", partitions=1)
+    s = on_noida
+    s.partitions = 1
     s.create_topics()
 
     def pay(n: int) -> bytes:
@@ -914,6 +925,63 @@ async def test_records_deleted_before_they_were_decided_are_said_and_counted(
     verdicts = await read_topic(s.bootstrap, s.topics[1], until=15)
     decided = {json.loads(v)["event_id"] for vs in verdicts.by_source.values() for v in vs}
     assert decided == {f"p{n}" for n in (*range(10), *range(15, 20))}
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_input_written_in_transactions_is_committed_past_its_markers(
+    on_noida: Setup, guarantee: str
+) -> None:
+    # a batch committed the offset after its last record; the marker that ended the
+    # upstream transaction after it stayed uncommitted, and the lag (limitflow's, and
+    # any tool's reading the group's offsets) stayed at 1 a partition for good
+    s = on_noida
+    s.partitions = 2
+    s.create_topics()
+    lines = make_events(30, accounts=4, seed=11)
+    upstream = AIOKafkaProducer(
+        bootstrap_servers=s.bootstrap, transactional_id=f"upstream-{s.name}", acks="all"
+    )
+    await upstream.start()
+    sources: list[str] = []
+    try:
+        for start in range(0, len(lines), 10):
+            async with upstream.transaction():
+                sent = [
+                    await upstream.send(s.topics[0], raw, key=account_key(raw))
+                    for raw in lines[start : start + 10]
+                ]
+            sources += [f"{m.topic}:{m.partition}:{m.offset}" for m in [await f for f in sent]]
+    finally:
+        await upstream.stop()
+    port = _free_port()
+    proc = s.run("--http-port", str(port), "--guarantee", guarantee)
+    inputs = [TopicPartition(s.topics[0], p) for p in range(2)]
+    reader = AIOKafkaConsumer(bootstrap_servers=s.bootstrap, group_id=f"{s.name}-group")
+    await reader.start()
+    try:
+        ends = await reader.end_offsets(inputs)
+        deadline = time.monotonic() + 60
+        committed: dict[TopicPartition, int | None] = {}
+        while time.monotonic() < deadline:
+            committed = {tp: await reader.committed(tp) for tp in inputs}
+            if committed == ends:
+                break
+            await asyncio.sleep(0.5)
+        assert committed == ends  # the markers' offsets included
+    finally:
+        await reader.stop()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        metrics = (await asyncio.to_thread(http_get, port, "/metrics"))[1]
+        lags = [x for x in metrics.splitlines() if x.startswith("limitflow_consumer_lag{")]
+        if len(lags) == 2 and all(x.endswith(" 0.0") for x in lags):
+            break
+        await asyncio.sleep(0.5)
+    assert len(lags) == 2 and all(x.endswith(" 0.0") for x in lags), lags
+    exactly_once = guarantee == "exactly-once"
+    isolation = "read_committed" if exactly_once else "read_uncommitted"
+    await check_against_replay(s, lines, sources, isolation=isolation, exactly_once=exactly_once)
+    assert s.stop(proc) == 0
 
 
 @pytest.mark.parametrize("outage", ["frozen", "restarted"])
