@@ -31,14 +31,18 @@ class _Consumer:
     """What VelocityConsumer uses of AIOKafkaConsumer, with no broker behind it."""
 
     def __init__(self) -> None:
-        self.paused: set[TopicPartition] = set()
+        self.held: set[TopicPartition] = set()
+        """The partitions paused (aiokafka's ``paused()``)."""
         self.assigned: set[TopicPartition] = set()
 
     def pause(self, *partitions: TopicPartition) -> None:
-        self.paused.update(partitions)
+        self.held.update(partitions)
 
     def resume(self, *partitions: TopicPartition) -> None:
-        self.paused.difference_update(partitions)
+        self.held.difference_update(partitions)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self.held)
 
     def assignment(self) -> set[TopicPartition]:
         return self.assigned
@@ -117,7 +121,7 @@ async def test_a_take_over_that_fails_for_good_stops_the_consumer_with_partition
     tp = TopicPartition("in", 0)
     consumer.assigned = {tp}
     await runner.partitions_assigned(frozenset({tp}))
-    assert consumer.paused == {tp}
+    assert consumer.held == {tp}
     with pytest.raises(BrokerRejected):
         await asyncio.wait_for(loop, 5)
     assert runner.health.state is ConsumerState.FAILED
@@ -140,7 +144,7 @@ async def test_partitions_assigned_once_stopping_are_left_paused_for_their_next_
     consumer.assigned = {second}
     await runner.partitions_assigned(frozenset({second}))
     assert output.asked == [frozenset({first})]
-    assert second in consumer.paused
+    assert second in consumer.held
 
 
 async def test_a_member_joining_its_group_again_is_not_ready_and_owns_nothing() -> None:
@@ -336,10 +340,10 @@ async def test_a_member_whose_partition_was_taken_over_pauses_it_and_rejoins_at_
     consumer = _Seeking()
     consumer._coordinator = Coordinator()  # type: ignore[attr-defined]
     runner, kept, lost = await _one_of_two_lost(consumer)
-    assert consumer.paused == {lost}
+    assert consumer.held == {lost}
     assert consumer._coordinator.rejoins == 1  # type: ignore[attr-defined]
     await runner.partitions_assigned(frozenset({kept, lost}))  # the rejoin's assignment
-    assert consumer.paused == set()
+    assert consumer.held == set()
 
 
 class _Rebalancing(_Consumer):

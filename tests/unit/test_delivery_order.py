@@ -225,7 +225,8 @@ class _StrayConsumer:
 
     def __init__(self) -> None:
         self.assigned = {TP0}
-        self.paused: set[TopicPartition] = set()
+        self.held: set[TopicPartition] = set()
+        """The partitions paused (aiokafka's ``paused()``)."""
         self.seeks: list[tuple[TopicPartition, int]] = []
         self.stray = {TP0: [_Rec(TP0, 3), _Rec(TP0, 4)]}
 
@@ -233,10 +234,13 @@ class _StrayConsumer:
         return self.assigned
 
     def pause(self, *tps: TopicPartition) -> None:
-        self.paused.update(tps)
+        self.held.update(tps)
 
     def resume(self, *tps: TopicPartition) -> None:
-        self.paused.difference_update(tps)
+        self.held.difference_update(tps)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self.held)
 
     async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> Any:
         stray, self.stray = self.stray, {}
@@ -294,7 +298,7 @@ async def test_records_fetched_while_a_batch_waits_on_an_outage_are_put_back() -
     assert consumer.stray == {}, "the retry wait never polled: nothing was tested"
     assert (TP0, 3) in consumer.seeks, "stray records of a paused partition were dropped"
     assert out.offsets == [{TP0: 3}]
-    assert consumer.paused == set()  # resumed after the outage
+    assert consumer.held == set()  # resumed after the outage
 
 
 # -- a revocation waits for the batch in hand ----------------------------------------------
