@@ -72,6 +72,9 @@ async def open_ready_store(
         store = open_store(url, lock_wait=lock_wait)
         try:
             if create and url.startswith(("memory:", "sqlite:")):
+                refuse_foreign = getattr(store, "refuse_foreign", None)
+                if refuse_foreign is not None:  # sqlite: not another program's file
+                    refuse_foreign()
                 await store.init()
             else:
                 await store.check()

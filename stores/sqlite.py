@@ -317,6 +317,27 @@ class SqliteStore(Store):
         finally:
             self._db.execute(f"PRAGMA busy_timeout={int(min(self.lock_wait, _LOCK_TRY) * 1000)}")
 
+    def refuse_foreign(self) -> None:
+        """Raise ``StoreRejected`` when the file holds tables and none of limitflow's: a
+        store URL that names another program's database (a typo, a path copied from the
+        wrong setting). Making limitflow's tables there would mix a payment processor's
+        state into it. ``limitflow store init`` adds them all the same, when asked."""
+        try:
+            names = sorted(
+                row[0]
+                for row in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                if not row[0].startswith("sqlite_")
+            )
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+        if names and not {"buckets", "accounts", "events", "meta"} & set(names):
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            raise StoreRejected(
+                f"{self.path} holds tables of another program ({shown}) and none of"
+                " limitflow's: give limitflow a file of its own (`limitflow store init`"
+                " adds its tables there all the same)"
+            )
+
     async def _verify(self) -> None:
         try:
             names = {

@@ -1206,6 +1206,33 @@ def test_a_refused_replay_leaves_an_existing_output_as_it_was(tmp_path: Path) ->
     assert not (tmp_path / "d.jsonl").exists()
 
 
+def test_a_replay_refuses_another_program_s_sqlite_file(tmp_path: Path) -> None:
+    # a store URL naming another program's database (a typo, a wrong setting copied):
+    # the replay made limitflow's tables in it and decided into it
+    other = tmp_path / "shop.db"
+    with closing(sqlite3.connect(other)) as db:
+        db.executescript("CREATE TABLE customers (id INTEGER); CREATE TABLE orders (id INTEGER);")
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    args = ["replay", "--rules", str(rules), "--input", str(source)]
+    outputs = ["--output", "v.jsonl", "--dead-letter", "d.jsonl"]
+    refused = limitflow(*args, "--store", f"sqlite:///{other}", *outputs, cwd=tmp_path)
+    assert refused.returncode == 3
+    assert one_line_reason(refused) == (
+        f"limitflow: store: {other} holds tables of another program (customers, orders) and"
+        " none of limitflow's: give limitflow a file of its own (`limitflow store init` adds"
+        " its tables there all the same)"
+    )
+    with closing(sqlite3.connect(other)) as db:
+        tables = sorted(t for (t,) in db.execute("SELECT name FROM sqlite_master"))
+    assert tables == ["customers", "orders"]
+    assert not (tmp_path / "v.jsonl").exists()
+    # asked for, limitflow's tables go there all the same
+    assert limitflow("store", "init", "--store", f"sqlite:///{other}", cwd=tmp_path).returncode == 0
+    done = limitflow(*args, "--store", f"sqlite:///{other}", *outputs, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()
+
+
 def _reader_gone() -> int:
     """The write end of a pipe whose reader has left (writes fail with EPIPE)."""
     read_end, write_end = os.pipe()
