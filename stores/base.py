@@ -297,7 +297,14 @@ class Store(abc.ABC):
         with the rule keeps its meaning again); returns how many meanings were kept.
 
         Refused (``CountersLive``) while any counter of the rule has not expired, unless
-        ``force``: a rule changed and started again would carry on from it."""
+        ``force``: a rule changed and started again would carry on from it. Nothing kept
+        (forgotten already): 0, whatever its counters."""
+        keys = [f"{rule_id}:{w.value}" for w in Window if w is not Window.TRANSACTION]
+        try:
+            if not await self._read_meanings(keys):
+                return 0
+        except _MALFORMED:
+            pass  # kept, if damaged: to be forgotten all the same
         if not force and await self._has_live_counters(f"{rule_id}|", int(self._clock())):
             raise CountersLive(
                 f"rule {rule_id!r} has counters that have not expired: a rule changed under"
@@ -305,7 +312,6 @@ class Store(abc.ABC):
                 " retention after their period; a lifetime rule's never do), or give the"
                 " changed rule a new id"
             )
-        keys = [f"{rule_id}:{w.value}" for w in Window if w is not Window.TRANSACTION]
         return await self._forget_meanings(keys)
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most backends need it
