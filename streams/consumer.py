@@ -48,6 +48,10 @@ _LAG_EVERY = 2.0
 """Seconds between the lag updates made while a batch waits on an outage."""
 _PROBE_EVERY = 2.0
 """Seconds without records after which an idle consumer asks whether the brokers answer."""
+_SKIPPED_EVERY = 2.0
+"""Seconds between the looks of an idle consumer for offsets to commit past transaction
+markers (``_pass_skipped``): not on every empty poll, which at a low rate of events is
+most polls."""
 _SLOW_AFTER = 5.0
 """Seconds a stage of a batch may go unanswered (the store's commit, the verdicts' acks,
 the offsets' commit) before ``/readyz`` says that it waits on it. A healthy batch takes
@@ -176,6 +180,7 @@ class VelocityConsumer:
         """Partitions between their ``partitions_assigned`` (taken over) and their
         ``partitions_revoked``: the only ones whose records are decided."""
         self._lag_asked = 0.0
+        self._skipped_looked = 0.0
         self._failure: BaseException | None = None
         """A non-retriable error met in a rebalance callback, for ``run`` to raise."""
         self._round_trips = engine.store.round_trips
@@ -260,8 +265,10 @@ class VelocityConsumer:
         offset after its last record; with input written in transactions the marker
         after it stayed uncommitted, and the lag (limitflow's and that of every tool
         reading the group's offsets) stayed at 1 a partition for good."""
-        if self.stopping or self._revoking:
+        now = time.monotonic()
+        if self.stopping or self._revoking or now - self._skipped_looked < _SKIPPED_EVERY:
             return
+        self._skipped_looked = now
         ahead: dict[TopicPartition, int] = {}
         # not a paused one: held in an outage, or no longer this member's (``_rejoin``)
         for tp in (self._owned & self.consumer.assignment()) - self.consumer.paused():
