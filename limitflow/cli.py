@@ -12,7 +12,7 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import IO, Any, BinaryIO, ClassVar
 
-from limitflow.console import StdoutFailed, out, say
+from limitflow.console import StdoutFailed, out, say, to_devnull
 from limitflow.errors import ConfigError, LimitflowError, StoreError, StoreNotInitialized
 from schemas.rules import RuleChanged, RulesError, RuleSet, counter_meaning, load_rules
 
@@ -324,7 +324,7 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
                 path = args.output if exc.output == "output" else args.dead_letter
                 if isinstance(exc.__cause__, BrokenPipeError) and path == "-":
                     # the reader left: say so once, not again as Python exits
-                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                    to_devnull(sys.stdout.fileno())
                 raise CommandFailed(f"cannot write {path}: {exc}", EXIT_INPUT) from None
             except OSError as exc:
                 raise CommandFailed(f"cannot read {args.input}: {exc}", EXIT_INPUT) from None
@@ -681,7 +681,7 @@ def main(argv: Sequence[str] | None = None, *, console: bool = False) -> int:
     except BrokenPipeError:
         # the reader of stdout left (`limitflow rules check … | head`): nothing more to
         # say, and not again as Python flushes stdout on exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        to_devnull(sys.stdout.fileno())
         return 141  # as a shell reports a process that SIGPIPE ended
     finally:
         _end_signals(console)

@@ -25,7 +25,7 @@ class StdoutFailed(Exception):
         super().__init__(f"cannot write standard output: {exc.strerror or exc}")
 
 
-def _to_devnull(stream: int) -> None:
+def to_devnull(stream: int) -> None:
     """Point ``stream`` at /dev/null: what is buffered for it then flushes there."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -52,7 +52,7 @@ def say(text: str, *, end: str = "\n") -> bool:
             fileno = stderr.fileno()
         except (OSError, ValueError):
             return False
-        _to_devnull(fileno)
+        to_devnull(fileno)
         return False
     return True
 
@@ -65,7 +65,7 @@ def out(line: str) -> None:
     except BrokenPipeError:
         raise
     except OSError as exc:
-        _to_devnull(sys.stdout.fileno())
+        to_devnull(sys.stdout.fileno())
         raise StdoutFailed(exc) from None
 
 
