@@ -32,9 +32,10 @@ import os
 import signal
 import sys
 import tempfile
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import faust
 from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
@@ -348,7 +349,35 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             log.warning("the consumer closed without reaching the brokers")
 
 
+class _ReadOffsets(defaultdict[Any, int | None]):
+    """faust's offsets read last, by partition, with offset 0 kept truthy.
+
+    faust's fetch loop notes a gap in a partition's offsets only after a truthy read
+    offset (``if gap > 1 and r_offset``). A ``read_committed`` consumer skips offsets
+    (the markers that end transactions, the records of aborted ones): after a record at
+    offset 0, those were never noted, faust found no offset it could commit past them,
+    and the partition's committed offset stayed at 1 until a restart (which then
+    decided everything since again, as duplicates)."""
+
+    def __setitem__(self, tp: Any, offset: int | None) -> None:
+        super().__setitem__(tp, _ZERO if offset == 0 and type(offset) is int else offset)
+
+
+class _Zero(int):
+    """0, but true (``_ReadOffsets``)."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_ZERO: Final = _Zero(0)
+
+
 class _Consumer(faust_aiokafka.Consumer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._read_offset = _ReadOffsets(lambda: None)
+
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -490,8 +519,11 @@ def build_app(settings: FaustSettings, rules: RuleSet | None = None) -> faust.Ap
         handler = BatchHandler(app, engine, settings)
         try:
             with fewer_collections():  # the worker's process is this agent's
+                # faust reads a ``within`` of 0 as no bound (wait until the batch is
+                # full): nothing was decided, and a stop waited for ever on the events
+                # held. 0 ms means no wait: 1 ms
                 async for events in stream.noack_take(
-                    settings.batch_size, within=settings.batch_wait_ms / 1000
+                    settings.batch_size, within=max(settings.batch_wait_ms, 1) / 1000
                 ):
                     if not await handler.handle(stream, events):
                         break
