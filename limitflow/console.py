@@ -39,15 +39,19 @@ def to_devnull(stream: int) -> None:
 
 def say(text: str, *, end: str = "\n") -> bool:
     """Write ``text`` on stderr, when there is one and it can still be written; False
-    when it cannot (it is not tried again)."""
+    when it cannot (it is not tried again). A line after one left open (a progress
+    display's, written with ``end=""``) starts on a line of its own."""
     stderr = sys.stderr
-    if stderr is None or _lost.stderr:
+    if stderr is None or _stderr.lost:
         return False
+    if _stderr.open_line and not text.startswith("\r"):
+        text = "\n" + text
     try:
         stderr.write(text + end)
         stderr.flush()
+        _stderr.open_line = not end
     except OSError:  # BrokenPipeError included: nobody reads it any more
-        _lost.stderr = True
+        _stderr.lost = True
         try:
             fileno = stderr.fileno()
         except (OSError, ValueError):
@@ -69,10 +73,12 @@ def out(line: str) -> None:
         raise StdoutFailed(exc) from None
 
 
-class _Lost:
-    """Whether stderr failed once (then nothing more is written there)."""
+class _Stderr:
+    """Whether stderr failed once (then nothing more is written there), and whether its
+    last line was left open."""
 
-    stderr = False
+    lost = False
+    open_line = False
 
 
-_lost = _Lost()
+_stderr = _Stderr()
