@@ -293,9 +293,7 @@ class VelocityConsumer:
             except (BatchAbandoned, PartitionLost) as exc:
                 if isinstance(exc, PartitionLost):
                     self._rejoin({tp for tp in ahead if tp not in done})
-            else:
-                done = set(ahead)
-        for tp in done:
+        for tp in done:  # every one of them, when ``deliver`` returned
             self._positions[tp] = max(self._positions.get(tp, 0), ahead[tp])
         if done:
             log.debug(
