@@ -175,6 +175,25 @@ class Worker:
         self.proc.wait(10)
 
 
+async def in_transactions(
+    kafka: KafkaBroker, topic: str, transactions: Sequence[tuple[Sequence[bytes], bool]]
+) -> None:
+    """Send each list of records to ``topic`` in a Kafka transaction of its own, one after
+    another, committed where its flag is true and aborted where it is false."""
+    upstream = AIOKafkaProducer(
+        bootstrap_servers=kafka.bootstrap_servers, transactional_id=f"up-{topic}"
+    )
+    await upstream.start()
+    try:
+        for records, commit in transactions:
+            await upstream.begin_transaction()
+            for raw in records:
+                await upstream.send_and_wait(topic, raw)
+            await (upstream.commit_transaction() if commit else upstream.abort_transaction())
+    finally:
+        await upstream.stop()
+
+
 async def read_until(
     kafka: KafkaBroker, topics: Topics, verdicts: int, dead: int, worker: Worker, timeout: float
 ) -> tuple[list[tuple[bytes | None, bytes, dict[str, bytes]]], list[dict[str, object]]]:
@@ -382,18 +401,9 @@ async def test_events_of_an_aborted_upstream_transaction_are_not_decided(
     expected, _ = replay(lines, tmp_path)
     with kafka_broker("noida") as noida:
         names = await made_topics(noida)
-        upstream = AIOKafkaProducer(
-            bootstrap_servers=noida.bootstrap_servers, transactional_id=f"up-{names.input}"
+        await in_transactions(
+            noida, names.input, [([json.dumps(aborted).encode()], False), (lines, True)]
         )
-        await upstream.start()
-        try:
-            await upstream.begin_transaction()
-            await upstream.send_and_wait(names.input, json.dumps(aborted).encode())
-            await upstream.abort_transaction()
-            async with upstream.transaction():
-                await upstream.send_and_wait(names.input, lines[0])
-        finally:
-            await upstream.stop()
         store = f"sqlite:///{tmp_path / 'faust.db'}"
         worker = Worker(noida, names, store, f"g-{uuid.uuid4().hex[:6]}", tmp_path / "w.log")
         try:
@@ -440,21 +450,15 @@ async def test_input_written_in_transactions_from_offset_0_keeps_its_offsets_com
     expected, expected_dead = replay(lines, tmp_path)
     with kafka_broker("noida") as noida:
         names = await made_topics(noida)
-        upstream = AIOKafkaProducer(
-            bootstrap_servers=noida.bootstrap_servers, transactional_id=f"up-{names.input}"
+        await in_transactions(
+            noida,
+            names.input,
+            [
+                ([lines[0]], True),  # the event at offset 0, its marker at 1
+                ([b'{"event_id": "never-happened"}'], False),  # offset 2 aborted, marker 3
+                *(([line], True) for line in lines[1:]),  # a record, a marker, ...
+            ],
         )
-        await upstream.start()
-        try:
-            async with upstream.transaction():  # the event at offset 0, its marker at 1
-                await upstream.send_and_wait(names.input, lines[0])
-            await upstream.begin_transaction()  # offset 2 aborted, its marker at 3
-            await upstream.send_and_wait(names.input, b'{"event_id": "never-happened"}')
-            await upstream.abort_transaction()
-            for line in lines[1:]:  # one event a transaction: a record, a marker, ...
-                async with upstream.transaction():
-                    await upstream.send_and_wait(names.input, line)
-        finally:
-            await upstream.stop()
         group = f"g-{uuid.uuid4().hex[:6]}"
         store = f"sqlite:///{tmp_path / 'faust.db'}"
         worker = Worker(noida, names, store, group, tmp_path / "w.log")
