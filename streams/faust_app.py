@@ -26,6 +26,7 @@ importing this module has no side effects.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -67,6 +68,7 @@ from schemas.rules import RulesError, RuleSet, load_rules
 from stores.base import Store
 from streams.consumer import tolerate_empty_assignments
 from streams.engine import Engine, Record, Result, fewer_collections
+from streams.ops import OffsetResets
 from streams.output import Message, batch_bytes, compression_type, messages, send_all
 
 log = logging.getLogger("limitflow.faust")
@@ -393,6 +395,7 @@ class LimitflowApp(faust.App):
     def __init__(self, *args: Any, limitflow: FaustSettings, **kwargs: Any) -> None:
         self.limitflow = limitflow
         self._stopping = asyncio.Event()
+        self._resets = contextlib.ExitStack()
         super().__init__(*args, **kwargs)
 
     def _new_transport(self) -> Any:
@@ -422,6 +425,9 @@ class LimitflowApp(faust.App):
             return
         await probe.close()
         log.info("Kafka at %s answers: starting", settings.bootstrap_servers)
+        # a committed offset the brokers no longer hold: aiokafka says so at INFO, which
+        # `-l warn` hides, and reads on from the earliest offset kept; a warning here
+        self._resets.enter_context(OffsetResets(None, "limitflow.faust").installed())
         await super().on_start()
 
     def _probe(self) -> Any:
@@ -440,6 +446,7 @@ class LimitflowApp(faust.App):
     async def on_stop(self) -> None:
         self._stopping.set()
         await super().on_stop()
+        self._resets.close()
 
     async def on_restart(self) -> None:
         self._stopping.clear()  # as mode clears its own events for a restart

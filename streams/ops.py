@@ -146,7 +146,8 @@ def unseen_fence(record: logging.LogRecord) -> bool:
 
 class OffsetResets(logging.Filter):
     """aiokafka's word that a partition's fetch offset is out of range, made a warning
-    of limitflow's and counted (``limitflow_offset_resets_total``).
+    of limitflow's (logged as ``name``) and counted (``limitflow_offset_resets_total``,
+    where the runtime has metrics: ``counter``).
 
     The brokers no longer hold that offset: retention deleted the records there before
     they were decided (a consumer stopped for longer than the topic's retention), or
@@ -157,9 +158,10 @@ class OffsetResets(logging.Filter):
 
     LOGGER: Final = "aiokafka.consumer.fetcher"
 
-    def __init__(self, counter: Counter) -> None:
+    def __init__(self, counter: Counter | None, name: str = "limitflow.consumer") -> None:
         super().__init__()
         self.counter = counter
+        self.logger_name = name
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = str(record.msg)
@@ -168,9 +170,10 @@ class OffsetResets(logging.Filter):
         args = record.args if isinstance(record.args, tuple) else ()
         offset, tp = (*args, None, None)[:2]
         partition = getattr(tp, "partition", None)
-        self.counter.labels(str(partition)).inc()
+        if self.counter is not None:
+            self.counter.labels(str(partition)).inc()
         record.levelno, record.levelname = logging.WARNING, "WARNING"
-        record.name = "limitflow.consumer"  # limitflow's word now, not aiokafka's
+        record.name = self.logger_name  # limitflow's word now, not aiokafka's
         topic = getattr(tp, "topic", None)
         where = f"{topic}:{partition}" if partition is not None else str(tp)
         record.msg = (

@@ -28,7 +28,11 @@ from aiokafka import (  # type: ignore[import-untyped]
     AIOKafkaProducer,
     TopicPartition,
 )
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+from aiokafka.admin import (  # type: ignore[import-untyped]
+    AIOKafkaAdminClient,
+    NewTopic,
+    RecordsToDelete,
+)
 
 from benchmarks.generate import events as generated_events
 from tests.faust_worker import faust_worker
@@ -485,6 +489,50 @@ async def test_input_written_in_transactions_from_offset_0_keeps_its_offsets_com
     assert sorted(str(x["error"]) for x in letters) == sorted(
         str(x["error"]) for x in expected_dead
     )
+
+
+async def test_records_deleted_before_they_were_decided_are_said(tmp_path: Path) -> None:
+    """A worker stopped for longer than the input's retention came back to a committed
+    offset the brokers no longer held: aiokafka said so at INFO, which ``-l warn``
+    hid, and reading went on from the earliest offset kept, records skipped without a
+    word. On noida (tansu has no DeleteRecords)."""
+    lines = input_lines()[13:33]  # generated events, all valid
+    kept = [*lines[:10], *lines[15:]]
+    expected, _ = replay(kept, tmp_path)
+    with kafka_broker("noida") as noida:
+        names = await made_topics(noida)
+        group = f"g-{uuid.uuid4().hex[:6]}"
+        store = f"sqlite:///{tmp_path / 'faust.db'}"
+        await produce(noida, names.input, lines[:10])
+        first = Worker(noida, names, store, group, tmp_path / "w1.log", log_level="warn")
+        try:
+            await read_until(noida, names, 10, 0, first, 120)
+        finally:
+            assert first.stop() == 0, (tmp_path / "w1.log").read_text()[-3000:]
+        tp = TopicPartition(names.input, 0)
+        admin = AIOKafkaAdminClient(bootstrap_servers=noida.bootstrap_servers)
+        await admin.start()
+        probe = AIOKafkaConsumer(bootstrap_servers=noida.bootstrap_servers, group_id=group)
+        await probe.start()
+        try:
+            assert await probe.committed(tp) == 10
+            await produce(noida, names.input, lines[10:])
+            await admin.delete_records({tp: RecordsToDelete(15)})
+        finally:
+            await probe.stop()
+            await admin.close()
+        second = Worker(noida, names, store, group, tmp_path / "w2.log", log_level="warn")
+        try:
+            out, _ = await read_until(noida, names, len(expected), 0, second, 120)
+        finally:
+            assert second.stop() == 0, (tmp_path / "w2.log").read_text()[-3000:]
+    assert sorted(value for _, value, _ in out) == sorted(expected)
+    said = [
+        line for line in (tmp_path / "w2.log").read_text().splitlines() if "out of range" in line
+    ]
+    assert len(said) == 1, (tmp_path / "w2.log").read_text()[-3000:]
+    assert "WARNING" in said[0]
+    assert f"input partition {names.input}:0: offset 10 is out of range" in said[0]
 
 
 async def test_a_stop_while_the_brokers_are_down_ends(tmp_path: Path) -> None:
