@@ -339,15 +339,31 @@ class SqliteStore(Store):
             )
 
     async def _verify(self) -> None:
+        # another program's file is not one to run `store init` on, as the advice to a
+        # file with no tables is
+        self.refuse_foreign()
         try:
             names = {
                 row[0]
                 for row in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
+            if not {"buckets", "accounts", "events"} <= names:
+                raise StoreNotInitialized(f"{self.path} has no limitflow tables")
+            lacking = [
+                f"{table}.{column.split()[0]}"
+                for table, column in _ADDED_COLUMNS
+                if column.split()[0]
+                not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            ]
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
-        if not {"buckets", "accounts", "events"} <= names:
-            raise StoreNotInitialized(f"{self.path} has no limitflow tables")
+        if lacking:
+            # a replay or a run adds them as it starts; a dry run, which writes nothing,
+            # read such a file as "no such column": another program's tables, it said
+            raise StoreNotInitialized(
+                f"{self.path} was made by an older version of limitflow (no column"
+                f" {', '.join(lacking)}; a replay or a run adds it, a dry run writes nothing)"
+            )
 
     async def _read_meanings(self, keys: list[str]) -> dict[str, str]:
         kept: dict[str, str] = {}

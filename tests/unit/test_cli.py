@@ -730,6 +730,64 @@ def test_a_dry_run_on_a_store_not_made_yet_makes_none(tmp_path: Path, rules: Pat
     assert not (tmp_path / "o.jsonl").exists()
 
 
+def test_a_dry_run_on_a_store_of_an_older_version_says_to_run_store_init(
+    tmp_path: Path, rules: Path, store_a: Path
+) -> None:
+    # a file made before 2026-11-24 has no `born` columns: a replay or a run adds them,
+    # a dry run may not, and read the file as another program's ("no such column")
+    with closing(sqlite3.connect(store_a)) as db:
+        db.execute("ALTER TABLE buckets DROP COLUMN born")
+        db.execute("ALTER TABLE events DROP COLUMN born")
+    before = _store_rows(store_a)
+    source = write(tmp_path / "one.jsonl", [pay("p9")])
+    args = [
+        *("replay", "--rules", str(rules), "--input", str(source), "--dry-run"),
+        *("--store", f"sqlite:///{store_a}"),
+        *("--output", str(tmp_path / "o.jsonl"), "--dead-letter", str(tmp_path / "d.jsonl")),
+    ]
+    result = limitflow(*args, cwd=tmp_path)
+    assert result.returncode == 3
+    assert one_line_reason(result) == (
+        f"limitflow: store: {store_a} was made by an older version of limitflow (no column"
+        " buckets.born, events.born; a replay or a run adds it, a dry run writes nothing):"
+        f" run `limitflow store init --store 'sqlite:///{store_a}'`"
+    )
+    assert _store_rows(store_a) == before
+    assert not (tmp_path / "o.jsonl").exists()
+    assert (
+        limitflow("store", "init", "--store", f"sqlite:///{store_a}", cwd=tmp_path).returncode == 0
+    )
+    done = limitflow(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()
+
+
+@pytest.mark.parametrize("command", ["dry-run", "rules-check", "forget-rule"])
+def test_a_command_that_writes_nothing_refuses_another_program_s_file(
+    tmp_path: Path, rules: Path, command: str
+) -> None:
+    # they advised `limitflow store init`, which would put limitflow's tables into it
+    other = tmp_path / "shop.db"
+    with closing(sqlite3.connect(other)) as db:
+        db.executescript("CREATE TABLE customers (id INTEGER); CREATE TABLE orders (id INTEGER);")
+    store = f"sqlite:///{other}"
+    args = {
+        "dry-run": [
+            *("replay", "--rules", str(rules), "--dry-run", "--store", store),
+            *("--input", str(write(tmp_path / "one.jsonl", [pay("p1")]))),
+            *("--output", str(tmp_path / "o.jsonl"), "--dead-letter", str(tmp_path / "d.jsonl")),
+        ],
+        "rules-check": ["rules", "check", str(rules), "--store", store],
+        "forget-rule": ["store", "forget-rule", "acct-day-cny", "--store", store],
+    }[command]
+    result = limitflow(*args, cwd=tmp_path)
+    assert result.returncode == 3
+    assert one_line_reason(result) == (
+        f"limitflow: store: {other} holds tables of another program (customers, orders) and"
+        " none of limitflow's: give limitflow a file of its own (`limitflow store init` adds"
+        " its tables there all the same)"
+    )
+
+
 # --- stores: sqlite is durable, memory is not -------------------------------------------
 
 
