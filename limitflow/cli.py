@@ -13,7 +13,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import IO, Any, BinaryIO, ClassVar
 
 from limitflow.console import StdoutFailed, out, say, to_devnull
-from limitflow.errors import ConfigError, LimitflowError, StoreError, StoreNotInitialized
+from limitflow.errors import (
+    ConfigError,
+    LimitflowError,
+    StoppedOpening,
+    StoreError,
+    StoreNotInitialized,
+)
 from schemas.rules import RuleChanged, RulesError, RuleSet, counter_meaning, load_rules
 
 DEFAULT_STORE = "sqlite:///limitflow.db"
@@ -59,12 +65,15 @@ async def open_ready_store(
     *,
     lock_wait: float | None = None,
     create: bool = True,
+    stopping: Callable[[], bool] | None = None,
 ) -> object:
     """Open the store of ``url``; embedded stores are created (unless not ``create``),
     servers must be initialised. With ``rules``, the store keeps what their counters hold
     (only where it ``create``s: else it compares), and a rule whose counters it keeps
     under another meaning is refused (``Store.keep_rules``). ``lock_wait``: see
-    ``stores.open_store``."""
+    ``stores.open_store``. ``stopping``: whether a stop was asked for; one asked for
+    before the meanings are kept, or in a wait for a lock to keep them, raises
+    ``StoppedOpening`` (see ``Store.stopping``)."""
     from stores import open_store
     from stores.base import redacted
 
@@ -79,7 +88,13 @@ async def open_ready_store(
             else:
                 await store.check()
             if rules is not None:
-                await store.keep_rules(rules, keep=create)
+                if stopping is not None and stopping():  # noted in a wait just ended
+                    raise StoppedOpening("stopped before the rules' meanings were kept")
+                store.stopping = stopping
+                try:
+                    await store.keep_rules(rules, keep=create)
+                finally:
+                    store.stopping = None
         except BaseException:
             # the failed store may hold a client and its connection pool: release them
             await store.close()
@@ -390,7 +405,14 @@ class _Signals:
         stopped = asyncio.Event()
         self._opening = asyncio.get_running_loop(), stopped
         try:
-            return await store_unless_stopped(url, rules, stopped, consumer=False, create=create)
+            return await store_unless_stopped(
+                url,
+                rules,
+                stopped,
+                consumer=False,
+                create=create,
+                stopping=lambda: self.stop.requested,  # noted by the handler at once
+            )
         finally:
             self._opening = None
 

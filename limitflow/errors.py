@@ -4,6 +4,7 @@
     ├── RulesError                  the rules file is unusable (defined in schemas.rules)
     ├── EventRejected               an input record is not a valid event (schemas.events)
     ├── ConfigError                 a setting or URL is unusable
+    ├── StoppedOpening              a stop signal came while a store was opened
     └── StoreError
         ├── StoreUnavailable        retriable: the server is down, slow or refusing
         ├── ConflictError           retriable: state changed since it was read
@@ -32,6 +33,11 @@ class LimitflowError(Exception):
 
 class ConfigError(LimitflowError):
     """A setting, option or URL cannot be used."""
+
+
+class StoppedOpening(LimitflowError):
+    """A stop signal came while the store was being opened, in a wait for another
+    process's lock: the start ends there, keeping nothing more."""
 
 
 class StoreError(LimitflowError):

@@ -491,21 +491,29 @@ async def _load_and_serve(args: argparse.Namespace, signals: StopSignals) -> int
 
 
 async def store_unless_stopped(
-    url: str, rules: Any, stop: asyncio.Event, *, consumer: bool = True, create: bool = True
+    url: str,
+    rules: Any,
+    stop: asyncio.Event,
+    *,
+    consumer: bool = True,
+    create: bool = True,
+    stopping: Callable[[], bool] | None = None,
 ) -> object | None:
     """The store of ``url``, opened as ``open_ready_store`` does (for a consumer, whose
     sqlite lock waits are short, see ``CONSUMER_LOCK_WAIT``; ``create``: see
     ``open_ready_store``); None if ``stop`` is set
     first, also while the store's servers are waited for (a store that blocks the loop,
-    sqlite waiting for another process's lock, is left when its wait ends)."""
+    sqlite waiting for another process's lock, is left when its wait ends, or at once
+    where ``stopping`` tells of the stop without the loop: see ``Store.stopping``)."""
     from limitflow.cli import open_ready_store
+    from limitflow.errors import StoppedOpening
     from stores.sqlite import CONSUMER_LOCK_WAIT
 
     if stop.is_set():
         return None
     lock_wait = CONSUMER_LOCK_WAIT if consumer else None
     opening = asyncio.ensure_future(
-        open_ready_store(url, rules, lock_wait=lock_wait, create=create)
+        open_ready_store(url, rules, lock_wait=lock_wait, create=create, stopping=stopping)
     )
     stopped = asyncio.ensure_future(stop.wait())
     try:
@@ -516,7 +524,10 @@ async def store_unless_stopped(
     finally:
         stopped.cancel()
     if not stop.is_set():
-        return opening.result()  # or its CommandFailed
+        try:
+            return opening.result()  # or its CommandFailed
+        except StoppedOpening:
+            return None
     opening.cancel()
     try:
         store = await opening

@@ -202,6 +202,11 @@ class Store(abc.ABC):
     replay_batch_size: int = 2_000
     """Records ``limitflow replay`` decides per batch unless told: a round trip to a
     server or a commit to a file is worth sharing among many."""
+    stopping: Callable[[], bool] | None = None
+    """While the store is opened for a command: whether a stop was asked for, which ends a
+    wait for another process's lock (``StoppedOpening``) before the rules' meanings are
+    kept. SQLite waits in the program's own thread, where a signal is noted but the
+    event loop, and so the command's wait for the stop, does not run."""
 
     def __init__(self, retention: Retention | None = None, clock: Callable[[], float] = time.time):
         self.retention = retention or Retention()

@@ -47,6 +47,7 @@ import msgspec
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import (
     ConflictError,
+    StoppedOpening,
     StoreNotInitialized,
     StoreRejected,
     StoreUnavailable,
@@ -544,6 +545,8 @@ class SqliteStore(Store):
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() >= give_up:
                     raise
+            if self.stopping is not None and self.stopping():
+                raise StoppedOpening(f"stopped while waiting for the lock of {self.path}")
 
     async def _write(self, writes: Writes, expected: Expected) -> None:
         db = self._db

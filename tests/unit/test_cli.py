@@ -1104,6 +1104,61 @@ def test_a_second_signal_stops_a_replay_waiting_for_another_process_s_write_lock
     assert (tmp_path / "v1.jsonl").read_bytes() == b""  # nothing decided was stored
 
 
+def test_a_signal_while_a_replay_waits_to_keep_a_new_rule_stops_it_keeping_nothing(
+    tmp_path: Path,
+) -> None:
+    # the first Ctrl-C was noted but the wait for the lock went on, and once the other
+    # process let go the new rule's meaning was kept: "nothing was decided or written",
+    # and a corrected rules file (the zone it should have had) was then refused
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    store = tmp_path / "state.db"
+    args = ["--store", f"sqlite:///{store}", "--dead-letter", "d.jsonl"]
+    first = write(tmp_path / "events.jsonl", [pay("e1")])
+    done = limitflow(
+        *("replay", "--rules", str(rules), "--input", str(first), "--output", "v0.jsonl"),
+        *args,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    weekly = "  - id: acct-week-9\n    window: week\n    timezone: Asia/Tokyo\n    max_count: 9\n"
+    more = write(tmp_path / "more.yaml", [RULES + weekly])
+    with closing(sqlite3.connect(store, isolation_level=None)) as holder:
+        holder.execute("BEGIN IMMEDIATE")  # another process's write lock, held
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "limitflow", "replay", "--rules", str(more)),
+                *("--input", str(first), "--output", "v1.jsonl", *args),
+            ],
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+        )
+        sleeps = {"x86_64": ("35", "230"), "aarch64": ("101", "115")}.get(platform.machine())
+        if sleeps is None:
+            pytest.skip("the sleep system calls' numbers on this machine are not known here")
+        in_syscall = Path(f"/proc/{proc.pid}/syscall")
+        deadline = time.monotonic() + 60
+        while in_syscall.read_text().split()[0] not in sleeps:
+            assert time.monotonic() < deadline, "never waited for the lock"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGINT)
+        started = time.monotonic()
+        try:
+            _, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            holder.execute("ROLLBACK")
+            _, err = proc.communicate(timeout=60)
+            pytest.fail(f"the stop waited for the lock: {err.decode()}")
+        waited = time.monotonic() - started
+        holder.execute("ROLLBACK")
+    assert proc.returncode == 130, err.decode()
+    assert "stopped before the replay started: nothing was decided or written" in err.decode()
+    assert waited < 5
+    with closing(sqlite3.connect(store)) as db:
+        kept = [name for (name,) in db.execute("SELECT name FROM meta")]
+    assert not [name for name in kept if "acct-week-9" in name], kept
+    assert not (tmp_path / "v1.jsonl").exists()
+
+
 @pytest.mark.parametrize(("signals", "code"), [(1, 0), (2, 130)])
 def test_a_signal_as_a_finished_replay_s_event_loop_closes_keeps_its_exit_code(
     tmp_path: Path, signals: int, code: int
