@@ -351,17 +351,17 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
         f"{_count(summary.dead_letters, 'dead letter')} in {summary.seconds:.2f}s"
         + (" (a dry run: nothing was stored)" if args.dry_run else "")
     )
-    if summary.interrupted and args.dry_run:
-        say("limitflow: stopped by a signal; a dry run stores nothing")
-        return EXIT_INTERRUPTED
     if summary.interrupted:
         upto = f" (input lines 1-{summary.last_line})" if summary.lines else ""
-        again = "Send the same input again" if args.input == "-" else "Replay the same file"
-        say(
-            f"limitflow: stopped by a signal after {_count(summary.lines, 'event')}{upto};"
-            f" they are decided and written. {again} on the same store to finish: events"
-            " decided before repeat their verdicts."
-        )
+        stopped = f"limitflow: stopped by a signal after {_count(summary.lines, 'event')}{upto};"
+        if args.dry_run:
+            say(f"{stopped} a dry run stores nothing")
+        else:
+            again = "Send the same input again" if args.input == "-" else "Replay the same file"
+            say(
+                f"{stopped} they are decided and written. {again} on the same store to"
+                " finish: events decided before repeat their verdicts."
+            )
         return EXIT_INTERRUPTED
     return EXIT_OK
 

@@ -1020,21 +1020,25 @@ def test_a_first_signal_ends_a_replay_after_its_batch_and_a_rerun_completes_it(
     assert first == complete[: len(first)]
 
 
+@pytest.mark.parametrize("dry_run", [False, True])
 def test_a_signal_while_a_replay_waits_on_a_pipe_decides_the_lines_read_before_it(
-    tmp_path: Path,
+    tmp_path: Path, dry_run: bool
 ) -> None:
     # the lines read into the batch in hand were dropped: 0 verdicts, 0 dead letters, and
     # "stopped after 0 events; they are decided and written", while 100 events had been
-    # taken from the pipe, which cannot be read again
+    # taken from the pipe, which cannot be read again (a dry run did not say how many)
     read = {"x86_64": "0", "aarch64": "63"}.get(platform.machine())
     if read is None:
         pytest.skip("the read system call's number on this machine is not known here")
     rules = write(tmp_path / "rules.yaml", [RULES])
     out = tmp_path / "v.jsonl"
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    if dry_run:  # on a store that exists
+        assert limitflow("store", "init", "--store", store, cwd=tmp_path).returncode == 0
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
-            *("--input", "-", "--store", f"sqlite:///{tmp_path / 'state.db'}"),
+            *("--input", "-", "--store", store, *(["--dry-run"] if dry_run else [])),
             *("--output", str(out), "--dead-letter", str(tmp_path / "d.jsonl")),
         ],
         cwd=tmp_path,
@@ -1054,10 +1058,12 @@ def test_a_signal_while_a_replay_waits_on_a_pipe_decides_the_lines_read_before_i
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err.decode()
     assert b"Traceback" not in err
-    assert (
-        "stopped by a signal after 100 events (input lines 1-100); they are decided and"
-        " written. Send the same input again on the same store to finish"
-    ) in err.decode()
+    said = "stopped by a signal after 100 events (input lines 1-100); " + (
+        "a dry run stores nothing"
+        if dry_run
+        else "they are decided and written. Send the same input again on the same store to finish"
+    )
+    assert said in err.decode()
     verdicts = [json.loads(line) for line in out.read_bytes().splitlines()]
     assert [v["event_id"] for v in verdicts] == [f"e{n}" for n in range(100)]
 
