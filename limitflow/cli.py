@@ -271,7 +271,7 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
     from handlers.decide import Decider
     from stores.base import Store
     from streams.engine import Engine, fewer_collections
-    from streams.replay import WriteFailed, replay
+    from streams.replay import ReplaySummary, WriteFailed, replay
 
     # compared as files, not names: "-" and /dev/stdout, a symlinked folder, stdin
     # redirected from the output file
@@ -320,6 +320,7 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
             _refuse_store_outputs(args)
             verdicts, dead = outputs.start(files)
             size = os.fstat(source.fileno()).st_size if args.input != "-" else None
+            summary = ReplaySummary()
             try:
                 with signals, fewer_collections():
                     summary = await replay(
@@ -332,17 +333,21 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
                         batch_size=args.batch_size or store.replay_batch_size,
                         total_bytes=size or None,
                         stop=signals.stop,
+                        summary=summary,
                     )
             except StoreError as exc:
-                raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
+                raise CommandFailed(f"store: {exc}{_decided(summary)}", EXIT_STORE) from None
             except WriteFailed as exc:
                 path = args.output if exc.output == "output" else args.dead_letter
                 if isinstance(exc.__cause__, BrokenPipeError) and path == "-":
                     # the reader left: say so once, not again as Python exits
                     to_devnull(sys.stdout.fileno())
+                # (not what was decided before: the outputs' last writes may be lost)
                 raise CommandFailed(f"cannot write {path}: {exc}", EXIT_INPUT) from None
             except OSError as exc:
-                raise CommandFailed(f"cannot read {args.input}: {exc}", EXIT_INPUT) from None
+                raise CommandFailed(
+                    f"cannot read {args.input}: {exc}{_decided(summary)}", EXIT_INPUT
+                ) from None
         finally:
             await store.close()
     say(
@@ -364,6 +369,18 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
             )
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def _decided(summary: Any) -> str:
+    """What a replay that failed had done before (``ReplaySummary``): the lines of the
+    batches decided and written (and stored, unless a dry run). A pipe's cannot be read
+    again."""
+    if not summary.lines:
+        return ""
+    return (
+        f"; before it, {_count(summary.lines, 'event')} (input lines 1-{summary.last_line})"
+        " were decided and written"
+    )
 
 
 def _count(n: int, noun: str) -> str:

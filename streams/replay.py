@@ -94,6 +94,7 @@ async def replay(
     batch_size: int = 2_000,
     total_bytes: int | None = None,
     stop: Interruption | None = None,
+    summary: ReplaySummary | None = None,
 ) -> ReplaySummary:
     """Decide every event of ``source``; each non-blank line goes to exactly one output.
 
@@ -101,8 +102,10 @@ async def replay(
     and dead letters together in input order. ``stop`` is told while a batch is being
     decided and written, and asked after each: once ``stop.requested``, the replay ends
     there (``summary.interrupted``), with every line before it decided and written.
+    ``summary``: counted into as the replay goes (a new one by default), so that a
+    caller whose replay failed knows which lines were decided and written before.
     """
-    summary = ReplaySummary()
+    summary = summary or ReplaySummary()
     progress = _Progress(total_bytes)
     stop = stop or Interruption()
     started = time.perf_counter()

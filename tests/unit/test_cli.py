@@ -1563,6 +1563,42 @@ def test_a_stored_record_limitflow_did_not_write_is_one_line_and_exit_3(tmp_path
     assert "a stored record cannot be read" in one_line_reason(result)
 
 
+def test_a_replay_from_a_pipe_that_fails_says_which_lines_it_decided(tmp_path: Path) -> None:
+    # "store: …" alone: the lines of a pipe cannot be read again, and which of them the
+    # outputs hold was left to be counted there
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    store = ["--store", f"sqlite:///{tmp_path / 'state.db'}", "--dead-letter", "d.jsonl"]
+    first = write(tmp_path / "events.jsonl", [pay("p1")])
+    made = limitflow(
+        "replay",
+        "--rules",
+        str(rules),
+        "--input",
+        str(first),
+        "--output",
+        "v0",
+        *store,
+        cwd=tmp_path,
+    )
+    assert made.returncode == 0, made.stderr.decode()
+    with closing(sqlite3.connect(tmp_path / "state.db")) as db:
+        db.execute("UPDATE events SET type = 'refund'")  # p1's record: not limitflow's
+        db.commit()
+    lines = [pay("n1"), pay("n2"), "", pay("p1"), pay("n3")]
+    result = limitflow(
+        *("replay", "--rules", str(rules), "--input", "-", "--output", "v1.jsonl"),
+        *(*store, "--batch-size", "2"),
+        cwd=tmp_path,
+        stdin="\n".join(lines).encode() + b"\n",
+    )
+    assert result.returncode == 3
+    reason = one_line_reason(result)
+    assert "a stored record cannot be read" in reason
+    assert reason.endswith("; before it, 2 events (input lines 1-2) were decided and written")
+    verdicts = [json.loads(x) for x in (tmp_path / "v1.jsonl").read_bytes().splitlines()]
+    assert [v["event_id"] for v in verdicts] == ["n1", "n2"]
+
+
 @pytest.mark.parametrize(
     "url",
     [
