@@ -280,8 +280,22 @@ def _build(cls: type[_T], values: Mapping[str, Any], env: Mapping[str, str], **g
         kwargs[spec.name] = _convert(spec.name, raw, spec.type)
     if missing:
         needed = ", ".join(f"--{n.replace('_', '-')} ({env_name(n)})" for n in missing)
-        raise ConfigError(f"missing required settings: {needed}")
+        raise ConfigError(_missing(needed, env))
     return cls(**kwargs)
+
+
+def _missing(needed: str, env: Mapping[str, str]) -> str:
+    """The reason for required settings not given, naming the ``LIMITFLOW_*`` variables
+    set that no setting reads: the warning that names them comes only once the settings
+    are loaded, and a misspelt one is the likeliest cause."""
+    unknown = unknown_variables(env)
+    if not unknown:
+        return f"missing required settings: {needed}"
+    which = ", ".join(unknown)
+    return (
+        f"missing required settings: {needed} ({which} {'is' if len(unknown) == 1 else 'are'}"
+        " set, but not a limitflow setting: misspelt?)"
+    )
 
 
 def _require(
@@ -306,7 +320,7 @@ def _require(
         needed = ", ".join(
             f"--{n.replace('_', '-')} ({env_name(n)})" if flags else env_name(n) for n in missing
         )
-        raise ConfigError(f"missing required settings: {needed}")
+        raise ConfigError(_missing(needed, env))
 
 
 _TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")

@@ -392,6 +392,26 @@ def test_a_misspelt_variable_is_named_and_known_ones_are_not() -> None:
     ]
 
 
+def test_a_missing_setting_names_the_misspelt_variables_set() -> None:
+    # the warning naming them came only once the settings were loaded: with the setting
+    # they were meant for missing, never
+    given = {k: v for k, v in REQUIRED.items() if k != "group_id"}
+    with pytest.raises(ConfigError) as missing:
+        load_run_settings({}, {**env_of(given), "LIMITFLOW_GROUPID": "g", "LIMITFLOW_X": ""})
+    assert str(missing.value) == (
+        "missing required settings: --group-id (LIMITFLOW_GROUP_ID) (LIMITFLOW_GROUPID,"
+        " LIMITFLOW_X are set, but not a limitflow setting: misspelt?)"
+    )
+    from streams.faust_app import FaustSettings
+
+    with pytest.raises(ConfigError) as faust:
+        FaustSettings.from_env({"LIMITFLOW_RULES": "r.yaml", "LIMITFLOW_BOOTSTRAP": "h:1"})
+    assert str(faust.value) == (
+        "missing required settings: LIMITFLOW_BOOTSTRAP_SERVERS (LIMITFLOW_BOOTSTRAP is set,"
+        " but not a limitflow setting: misspelt?)"
+    )
+
+
 def test_every_variable_limitflow_or_its_tests_read_is_known() -> None:
     from streams.faust_app import FaustSettings
 
@@ -411,6 +431,9 @@ def test_every_variable_limitflow_or_its_tests_read_is_known() -> None:
         "LIMITFLOW_BATCHSIZE",
         "LIMITFLOW_PARTITION",
         "LIMITFLOW_SECURITY",
+        "LIMITFLOW_GROUPID",
+        "LIMITFLOW_X",
+        "LIMITFLOW_BOOTSTRAP",
     }
     assert unknown_variables(dict.fromkeys(read - misspelt_above, "")) == []
 
