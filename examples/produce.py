@@ -25,6 +25,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 
 ROOT = Path(__file__).resolve().parent.parent
+DEMO_BROKER = "127.0.0.1:9094"
+"""Where the Docker Compose demo's broker listens for programs outside its containers."""
 sys.path.insert(0, str(ROOT))
 
 
@@ -59,7 +61,7 @@ async def connect(servers: str, wait: float, security: dict[str, Any]) -> AIOKaf
             await producer.stop()
             if time.monotonic() > deadline:
                 raise
-            print(f"waiting for {servers}…", file=sys.stderr)
+            print(f"waiting for {servers}… (for {wait:.0f} s at most: --wait)", file=sys.stderr)
             await asyncio.sleep(2)
 
 
@@ -73,7 +75,16 @@ async def produce(args: argparse.Namespace) -> int:
         print(f"produce.py: {exc}", file=sys.stderr)
         return 2
     records = lines(Path(args.file), args.generate, args.seed)
-    producer = await connect(args.bootstrap_servers, args.wait, security)
+    try:
+        producer = await connect(args.bootstrap_servers, args.wait, security)
+    except KafkaConnectionError:
+        demo = " (the Docker Compose demo's)" if args.bootstrap_servers == DEMO_BROKER else ""
+        print(
+            f"produce.py: cannot reach Kafka at {args.bootstrap_servers}{demo}:"
+            " --bootstrap-servers HOST:PORT names another",
+            file=sys.stderr,
+        )
+        return 1
     interval = 1 / args.rate if args.rate > 0 else 0.0
     start = time.perf_counter()
     try:
@@ -93,7 +104,9 @@ async def produce(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9094")
+    parser.add_argument(
+        "--bootstrap-servers", default=DEMO_BROKER, help="default: the Docker Compose demo's broker"
+    )
     parser.add_argument("--topic", default="limitflow.events")
     parser.add_argument("--file", default=str(ROOT / "examples" / "events.jsonl"))
     parser.add_argument("--generate", type=int, default=0, help="generated events after the file")

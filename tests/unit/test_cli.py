@@ -2155,3 +2155,26 @@ def test_checking_rules_against_an_empty_sqlite_file_leaves_it_empty(
         f"{store}: no store there yet: it will keep these rules\n"
     )
     assert (tmp_path / "made.db").stat().st_size == 0
+
+
+def test_the_sample_producer_with_no_broker_there_says_so_in_one_line(tmp_path: Path) -> None:
+    # a new user's likeliest slip, no --bootstrap-servers: 120 s of "waiting for
+    # 127.0.0.1:9094…" (the Docker Compose demo's), then a traceback
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # bound, not listening: connections are refused
+        done = subprocess.run(
+            [
+                *(sys.executable, "examples/produce.py"),
+                *("--bootstrap-servers", f"127.0.0.1:{port}", "--wait", "0"),
+            ],
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            timeout=60,
+        )
+    assert done.returncode == 1
+    assert b"Traceback" not in done.stderr
+    assert done.stderr.decode().splitlines()[-1] == (
+        f"produce.py: cannot reach Kafka at 127.0.0.1:{port}: --bootstrap-servers HOST:PORT"
+        " names another"
+    )
