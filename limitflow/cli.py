@@ -643,8 +643,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--store",
         default=DEFAULT_STORE,
         help=f"state store URL: memory://, sqlite:///PATH, mongodb://…, dynamodb://… "
-        f"(default {DEFAULT_STORE}; LIMITFLOW_STORE is run's and is not read here, so a "
-        "trial replay never counts into a production store)",
+        f"(default {DEFAULT_STORE}, run's default too: a trial replay beside a run on its "
+        "default counts into that run's state; LIMITFLOW_STORE is run's and is not read "
+        "here)",
     )
     replay.add_argument(
         "--dry-run",
