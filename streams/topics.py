@@ -48,7 +48,10 @@ async def create_topics(admin: AIOKafkaAdminClient, settings: TopicSettings) -> 
             if has != settings.partitions:
                 outcome[name] = f"exists, kept with {has} partitions (not {settings.partitions})"
                 log.warning(
-                    "topic exists with another partition count: kept",
+                    "topic %s exists with %d partitions, not %d: kept",
+                    name,
+                    has,
+                    settings.partitions,
                     extra={"topic": name, "partitions": has, "asked": settings.partitions},
                 )
         else:

@@ -1520,6 +1520,8 @@ def test_topics_create_says_when_a_topic_exists_with_another_partition_count(
 ) -> None:
     # "exists" was all it said: an input topic of fewer partitions than planned caps how
     # many members share the work, and nothing told the operator
+    said: list[str] = []  # each run's stderr
+
     def create(partitions: int) -> list[str]:
         done = subprocess.run(
             [
@@ -1531,6 +1533,7 @@ def test_topics_create_says_when_a_topic_exists_with_another_partition_count(
             check=True,
             timeout=60,
         )
+        said.append(done.stderr.decode())
         return done.stdout.decode().splitlines()
 
     names = setup.topics
@@ -1539,6 +1542,9 @@ def test_topics_create_says_when_a_topic_exists_with_another_partition_count(
         f"{name}: exists, kept with {PARTITIONS} partitions (not {PARTITIONS + 2})"
         for name in names
     ]
+    # the warnings on stderr name their topics: three times the same line, it said
+    for name in names:
+        assert f"topic {name} exists with {PARTITIONS} partitions, not {PARTITIONS + 2}" in said[-1]
 
 
 async def test_the_last_line_gives_every_count_also_those_at_zero(setup: Setup) -> None:
