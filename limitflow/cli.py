@@ -10,7 +10,7 @@ import signal
 import stat
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from typing import IO, Any, BinaryIO, ClassVar
+from typing import IO, Any, BinaryIO, ClassVar, cast
 
 from limitflow.console import StdoutFailed, out, say, to_devnull
 from limitflow.errors import (
@@ -625,12 +625,28 @@ async def _forget_rule(url: str, rule_id: str, force: bool) -> int:
     return EXIT_OK
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose commands refuse an option they do not know with their own usage:
+    argparse left it to the top level, whose usage (``limitflow [-h] {replay,…}``) told
+    the user nothing about the command's options. (Every subparser is of this class.)"""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra and self._subparsers is None:  # a command's own parser
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed, extra
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
-        prog="limitflow", description="Payment velocity limits over event streams."
+    parser = _Parser(prog="limitflow", description="Payment velocity limits over event streams.")
+    # of _Parser (argparse makes subparsers of the parser's class), typed as the base
+    commands = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", required=True),
     )
-    commands = parser.add_subparsers(dest="command", required=True)
 
     replay = commands.add_parser("replay", help="decide a file of events (JSON lines)")
     replay.add_argument("--rules", required=True, help="rules file (YAML)")

@@ -2178,3 +2178,41 @@ def test_the_sample_producer_with_no_broker_there_says_so_in_one_line(tmp_path: 
         f"produce.py: cannot reach Kafka at 127.0.0.1:{port}: --bootstrap-servers HOST:PORT"
         " names another"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "usage"),
+    [
+        (
+            [
+                "replay",
+                "--rules",
+                "r",
+                "--input",
+                "i",
+                "--output",
+                "o",
+                "--dead-letter",
+                "d",
+                "--dryrun",
+            ],
+            "usage: limitflow replay ",
+        ),
+        (["run", "--bootstrap-severs", "h:1"], "usage: limitflow run "),
+        (
+            ["rules", "check", "r.yaml", "--stor", "memory://", "--verbose"],
+            "usage: limitflow rules check ",
+        ),
+        (["topics", "create", "--partition", "3", "--bogus"], "usage: limitflow topics create "),
+    ],
+)
+def test_an_unknown_option_is_refused_with_its_command_s_usage(
+    tmp_path: Path, args: list[str], usage: str
+) -> None:
+    # the top level's usage was shown ("limitflow [-h] {replay,rules,…}"), which says
+    # nothing of the options of the command mistyped
+    result = limitflow(*args, cwd=tmp_path)
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert err.startswith(usage), err
+    assert "error: unrecognized arguments: " in err.splitlines()[-1]
