@@ -556,10 +556,14 @@ async def _rules_check_store(url: str, rules: RuleSet) -> int:
     from stores.base import redacted
 
     known = await _on_store(url, lambda store: store.keep_rules(rules, keep=False))
-    new = sum(counter_meaning(rule) is not None for rule in rules.rules) - known
+    counting = sum(counter_meaning(rule) is not None for rule in rules.rules)
+    new = counting - known
     kept = f"{_count(known, 'rule')} kept there unchanged" if known else "none kept there yet"
     fresh = f", {new} new: kept at the first start" if new else ""
-    out(f"{redacted(url)}: takes these rules ({kept}{fresh})")
+    # a transaction window keeps no counters: nothing of it is kept, or can differ
+    alone = len(rules.rules) - counting
+    single = f", {_count(alone, 'transaction rule')} (no counters)" if alone else ""
+    out(f"{redacted(url)}: takes these rules ({kept}{fresh}{single})")
     return EXIT_OK
 
 

@@ -2090,7 +2090,8 @@ def test_a_rule_whose_counters_would_change_meaning_is_refused_before_any_event(
     checked = limitflow("rules", "check", str(renamed), "--store", store, cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr.decode()
     assert checked.stdout.decode().endswith(
-        f"{store}: takes these rules (none kept there yet, 1 new: kept at the first start)\n"
+        f"{store}: takes these rules (none kept there yet, 1 new: kept at the first start,"
+        " 1 transaction rule (no counters))\n"
     )
     with closing(sqlite3.connect(tmp_path / "state.db")) as db:
         kept = db.execute("SELECT name FROM meta WHERE name LIKE 'rule:%'").fetchall()
@@ -2100,7 +2101,8 @@ def test_a_rule_whose_counters_would_change_meaning_is_refused_before_any_event(
     assert [v["decision"] for v in jsonl((tmp_path / "v2.jsonl").read_bytes())] == ["accept"] * 2
     checked = limitflow("rules", "check", str(renamed), "--store", store, cwd=tmp_path)
     assert checked.stdout.decode().endswith(
-        f"{store}: takes these rules (1 rule kept there unchanged)\n"
+        f"{store}: takes these rules (1 rule kept there unchanged, 1 transaction rule"
+        " (no counters))\n"
     )
     missing = f"sqlite:///{tmp_path / 'none.db'}"
     checked = limitflow("rules", "check", str(renamed), "--store", missing, cwd=tmp_path)
