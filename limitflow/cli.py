@@ -10,7 +10,7 @@ import signal
 import stat
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from typing import IO, Any, BinaryIO, ClassVar, cast
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, ClassVar, cast
 
 from limitflow.console import StdoutFailed, out, say, to_devnull
 from limitflow.errors import (
@@ -21,6 +21,9 @@ from limitflow.errors import (
     StoreNotInitialized,
 )
 from schemas.rules import RuleChanged, RulesError, RuleSet, counter_meaning, load_rules
+
+if TYPE_CHECKING:
+    from streams.replay import ReplaySummary
 
 DEFAULT_STORE = "sqlite:///limitflow.db"
 
@@ -371,7 +374,7 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
     return EXIT_OK
 
 
-def _decided(summary: Any) -> str:
+def _decided(summary: ReplaySummary) -> str:
     """What a replay that failed had done before (``ReplaySummary``): the lines of the
     batches decided and written (and stored, unless a dry run). A pipe's cannot be read
     again."""
