@@ -363,7 +363,8 @@ class SqliteStore(Store):
             # read such a file as "no such column": another program's tables, it said
             raise StoreNotInitialized(
                 f"{self.path} was made by an older version of limitflow (no column"
-                f" {', '.join(lacking)}; a replay or a run adds it, a dry run writes nothing)"
+                f" {', '.join(lacking)}; a replay or a run adds what is missing, a dry run"
+                " writes nothing)"
             )
 
     async def _read_meanings(self, keys: list[str]) -> dict[str, str]:

@@ -749,7 +749,8 @@ def test_a_dry_run_on_a_store_of_an_older_version_says_to_run_store_init(
     assert result.returncode == 3
     assert one_line_reason(result) == (
         f"limitflow: store: {store_a} was made by an older version of limitflow (no column"
-        " buckets.born, events.born; a replay or a run adds it, a dry run writes nothing):"
+        " buckets.born, events.born; a replay or a run adds what is missing, a dry run writes"
+        " nothing):"
         f" run `limitflow store init --store 'sqlite:///{store_a}'`"
     )
     assert _store_rows(store_a) == before
