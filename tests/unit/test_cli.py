@@ -13,7 +13,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -1069,6 +1070,28 @@ def test_a_signal_while_a_replay_waits_on_a_pipe_decides_the_lines_read_before_i
     assert [v["event_id"] for v in verdicts] == [f"e{n}" for n in range(100)]
 
 
+@contextmanager
+def _waiting_for_the_lock(
+    store: Path, args: list[str], cwd: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], sqlite3.Connection]]:
+    """``limitflow ARGS`` started while another connection holds ``store``'s write lock
+    (the holder, yielded with it), once the process sleeps in SQLite's wait for it."""
+    sleeps = {"x86_64": ("35", "230"), "aarch64": ("101", "115")}.get(platform.machine())
+    if sleeps is None:  # nanosleep, clock_nanosleep
+        pytest.skip("the sleep system calls' numbers on this machine are not known here")
+    with closing(sqlite3.connect(store, isolation_level=None)) as holder:
+        holder.execute("BEGIN IMMEDIATE")  # another process's write lock, held
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "limitflow", *args], cwd=cwd, stderr=subprocess.PIPE
+        )
+        in_syscall = Path(f"/proc/{proc.pid}/syscall")
+        deadline = time.monotonic() + 60
+        while in_syscall.read_text().split()[0] not in sleeps:
+            assert time.monotonic() < deadline, "never waited for the lock"
+            time.sleep(0.02)
+        yield proc, holder
+
+
 def test_a_second_signal_stops_a_replay_waiting_for_another_process_s_write_lock(
     tmp_path: Path,
 ) -> None:
@@ -1082,22 +1105,10 @@ def test_a_second_signal_stops_a_replay_waiting_for_another_process_s_write_lock
     assert limitflow(*args, "--output", "v0.jsonl", cwd=tmp_path).returncode == 0
     again = write(tmp_path / "more.jsonl", [pay(f"f{n}") for n in range(10)])
     args[args.index(str(source))] = str(again)
-    with closing(sqlite3.connect(store, isolation_level=None)) as holder:
-        holder.execute("BEGIN IMMEDIATE")  # another process's write lock, held
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "limitflow", *args, "--output", "v1.jsonl"],
-            cwd=tmp_path,
-            stderr=subprocess.PIPE,
-        )
-        # until it sleeps in SQLite's wait for the lock (nanosleep, clock_nanosleep)
-        sleeps = {"x86_64": ("35", "230"), "aarch64": ("101", "115")}.get(platform.machine())
-        if sleeps is None:
-            pytest.skip("the sleep system calls' numbers on this machine are not known here")
-        in_syscall = Path(f"/proc/{proc.pid}/syscall")
-        deadline = time.monotonic() + 60
-        while in_syscall.read_text().split()[0] not in sleeps:
-            assert time.monotonic() < deadline, "never waited for the lock"
-            time.sleep(0.02)
+    with _waiting_for_the_lock(store, [*args, "--output", "v1.jsonl"], tmp_path) as (
+        proc,
+        holder,
+    ):
         os.kill(proc.pid, signal.SIGINT)
         time.sleep(0.3)
         os.kill(proc.pid, signal.SIGINT)
@@ -1129,24 +1140,8 @@ def test_a_signal_while_a_replay_waits_to_keep_a_new_rule_stops_it_keeping_nothi
     assert done.returncode == 0, done.stderr.decode()
     weekly = "  - id: acct-week-9\n    window: week\n    timezone: Asia/Tokyo\n    max_count: 9\n"
     more = write(tmp_path / "more.yaml", [RULES + weekly])
-    with closing(sqlite3.connect(store, isolation_level=None)) as holder:
-        holder.execute("BEGIN IMMEDIATE")  # another process's write lock, held
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "limitflow", "replay", "--rules", str(more)),
-                *("--input", str(first), "--output", "v1.jsonl", *args),
-            ],
-            cwd=tmp_path,
-            stderr=subprocess.PIPE,
-        )
-        sleeps = {"x86_64": ("35", "230"), "aarch64": ("101", "115")}.get(platform.machine())
-        if sleeps is None:
-            pytest.skip("the sleep system calls' numbers on this machine are not known here")
-        in_syscall = Path(f"/proc/{proc.pid}/syscall")
-        deadline = time.monotonic() + 60
-        while in_syscall.read_text().split()[0] not in sleeps:
-            assert time.monotonic() < deadline, "never waited for the lock"
-            time.sleep(0.02)
+    replay = ["replay", "--rules", str(more), "--input", str(first), "--output", "v1.jsonl"]
+    with _waiting_for_the_lock(store, [*replay, *args], tmp_path) as (proc, holder):
         os.kill(proc.pid, signal.SIGINT)
         started = time.monotonic()
         try:
