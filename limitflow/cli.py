@@ -20,6 +20,7 @@ from limitflow.errors import (
     StoreError,
     StoreNotInitialized,
 )
+from limitflow.settings import MAX_MESSAGE_BYTES
 from schemas.rules import RuleChanged, RulesError, RuleSet, counter_meaning, load_rules
 
 if TYPE_CHECKING:
@@ -334,6 +335,7 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
                         verdicts,
                         dead,
                         batch_size=args.batch_size or store.replay_batch_size,
+                        max_line_bytes=args.max_line_bytes,
                         total_bytes=size or None,
                         stop=signals.stop,
                         summary=summary,
@@ -676,6 +678,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="decide against the store as it is and write the verdicts and dead letters,"
         " but store nothing: the verdicts these events would get now (each sees the ones"
         " before it); the store must exist, and new rules are not kept",
+    )
+    replay.add_argument(
+        "--max-line-bytes",
+        type=_positive,
+        default=MAX_MESSAGE_BYTES,
+        help=f"longest input line read (default {MAX_MESSAGE_BYTES:,}, as run's"
+        " --max-message-bytes): a longer one is dead-lettered by its size and SHA-256",
     )
     # records per batch; by default the store's (Store.replay_batch_size)
     replay.add_argument("--batch-size", type=_positive, help=argparse.SUPPRESS)

@@ -21,6 +21,8 @@ from limitflow.errors import ConfigError
 
 ENV_PREFIX = "LIMITFLOW_"
 DEFAULT_STORE = "sqlite:///limitflow.db"
+MAX_MESSAGE_BYTES: Final = 1_000_000
+"""Largest record ``run`` publishes, and line ``replay`` reads, unless told."""
 
 
 class Guarantee(enum.StrEnum):
@@ -143,7 +145,7 @@ class KafkaSettings:
     client_id: str = "limitflow"
     request_timeout_ms: int = 30_000
     """Per request to a broker; a slower broker counts as unavailable and is retried."""
-    max_message_bytes: int = 1_000_000
+    max_message_bytes: int = MAX_MESSAGE_BYTES
     """Largest record limitflow publishes (Kafka's default ``message.max.bytes`` is
     1,048,588). A dead letter that would be larger names its original record by size
     and SHA-256 instead of repeating it; the record stays at its topic/partition/offset.

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
+import msgspec
+
 from handlers.decide import OutcomeKind
 from limitflow.console import say
-from schemas.events import JSON_BLANK_BYTES
+from limitflow.settings import MAX_MESSAGE_BYTES
+from schemas.events import JSON_BLANK_BYTES, DeadLetterError
 from schemas.verdicts import dead_letter, verdict_encoder
 from streams.engine import Engine, Record, Result
 
@@ -33,12 +37,33 @@ class ReplaySummary:
 
 
 _BOM: Final = b"\xef\xbb\xbf"
+MAX_LINE_BYTES: Final = MAX_MESSAGE_BYTES
+"""Most bytes of one input line a replay reads (``--max-line-bytes``), as ``run`` takes
+records of at most ``--max-message-bytes``: a file with no line ends (a JSON array of
+gigabytes, a binary file) was read whole into memory, three times over."""
+_CHUNK: Final = 1 << 16
 
 
-def read_lines(source: BinaryIO, batch_size: int, pending: list[Record]) -> Iterator[bool]:
+class LongLine(Record, frozen=True, gc=False):
+    """A line over the most a replay reads, in its place: not read, so not decided, and
+    dead-lettered by size and SHA-256 (``raw`` is empty)."""
+
+    size: int = 0
+    sha256: str = ""
+    limit: int = 0
+    """The most a line may hold, which this one is over."""
+
+
+def read_lines(
+    source: BinaryIO,
+    batch_size: int,
+    pending: list[Record],
+    max_line_bytes: int = MAX_LINE_BYTES,
+) -> Iterator[bool]:
     """Read non-blank lines into ``pending`` as records with their 1-based line numbers;
     yield each time it holds ``batch_size`` (the caller takes them out), and end at the
-    end of ``source`` with the rest there.
+    end of ``source`` with the rest there. A line of more than ``max_line_bytes`` (its
+    line end aside) is read past, not kept: a ``LongLine`` is there in its place.
 
     The lines read stay in ``pending``, the caller's, until the caller takes them: a
     read cut short by a signal (``Interrupted``, which may be raised anywhere in here)
@@ -46,15 +71,67 @@ def read_lines(source: BinaryIO, batch_size: int, pending: list[Record]) -> Iter
     A UTF-8 byte order mark starting the file is not part of its first line (editors on
     Windows write one; RFC 8259 lets a reader ignore it)."""
     add = pending.append
-    for number, line in enumerate(source, start=1):
-        raw = line.rstrip(b"\r\n")
-        if number == 1 and raw.startswith(_BOM):
-            raw = raw[len(_BOM) :]
-        if not raw.strip(JSON_BLANK_BYTES):
+    readline = source.readline
+    most = max_line_bytes + len(_BOM) + 2  # a line end of \r\n, a byte order mark
+    number = 0
+    while line := readline(most):
+        number += 1
+        if len(line) == most and not line.endswith(b"\n"):  # and more of it to come
+            record: Record | None = _long_line(line, readline, number, max_line_bytes)
+        else:
+            raw = line.rstrip(b"\r\n")
+            if number == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM) :]
+            if not raw.strip(JSON_BLANK_BYTES):
+                continue
+            record = Record(raw, {"line": number})
+            if len(raw) > max_line_bytes:
+                record = _long_line(raw, None, number, max_line_bytes)
+        if record is None:  # a long line of blanks
             continue
-        add(Record(raw, {"line": number}))
+        add(record)
         if len(pending) >= batch_size:
             yield True
+
+
+def _long_line(
+    start: bytes, readline: Callable[[int], bytes] | None, number: int, limit: int
+) -> Record | None:
+    """The ``LongLine`` of line ``number``, which begins with ``start`` and goes on in
+    ``readline`` (None: ``start`` is all of it, as read: its line end and a byte order
+    mark starting the file taken off) to its end; None when it is blank, its ``Record``
+    when it is not over ``limit`` after all (a line end of many \r). Its size and SHA-256
+    are those of its bytes as a replay reads them: without its line end, or a byte order
+    mark starting the file."""
+    digest = hashlib.sha256()
+    head = bytearray()  # its bytes while they are not over the limit
+    size = 0
+    blank = True
+    chunk = start
+    held = b""  # a chunk's last \r, which may be the start of its line's end
+    first = readline is not None and number == 1  # a byte order mark yet to take off
+    while True:
+        last = readline is None or not chunk or chunk.endswith(b"\n")  # not chunk: EOF
+        chunk = held + chunk
+        data = chunk.rstrip(b"\r\n") if last else chunk.rstrip(b"\r")
+        held = b"" if last else chunk[len(data) :]
+        if first and data.startswith(_BOM):
+            data = data[len(_BOM) :]
+        first = False
+        digest.update(data)
+        size += len(data)
+        if size <= limit:
+            head += data
+        blank = blank and not data.strip(JSON_BLANK_BYTES)
+        if last:
+            break
+        assert readline is not None
+        chunk = readline(_CHUNK)
+    if blank:
+        return None
+    if size <= limit:
+        return Record(bytes(head), {"line": number})
+    return LongLine(b"", {"line": number}, size=size, sha256=digest.hexdigest(), limit=limit)
 
 
 class _Progress:
@@ -95,6 +172,7 @@ async def replay(
     total_bytes: int | None = None,
     stop: Interruption | None = None,
     summary: ReplaySummary | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> ReplaySummary:
     """Decide every event of ``source``; each non-blank line goes to exactly one output.
 
@@ -110,7 +188,7 @@ async def replay(
     stop = stop or Interruption()
     started = time.perf_counter()
     pending: list[Record] = []
-    lines = read_lines(source, batch_size, pending)
+    lines = read_lines(source, batch_size, pending, max_line_bytes)
     more: bool | None = True
     while more:
         stop.reading = True
@@ -147,7 +225,10 @@ async def _decide(
 ) -> None:
     """Decide one batch and write its lines, counted into ``summary``."""
     stop.deciding = True
-    results = await engine.process(batch)
+    if any(type(record) is LongLine for record in batch):
+        results = await _with_long_lines(engine, batch)
+    else:
+        results = await engine.process(batch)
     if verdicts is dead_letters:
         _write(verdicts, _lines(results, summary, verdicts=True, dead=True), "output")
     else:
@@ -203,6 +284,23 @@ _DEAD_LETTER: Final = OutcomeKind.DEAD_LETTER
 _DUPLICATE: Final = OutcomeKind.DUPLICATE
 
 
+async def _with_long_lines(engine: Engine, batch: list[Record]) -> list[Result]:
+    """``engine.process`` of ``batch`` but its ``LongLine``s, which are dead letters."""
+    decided = iter(await engine.process([r for r in batch if type(r) is not LongLine]))
+    return [
+        Result(
+            record,
+            OutcomeKind.DEAD_LETTER,
+            error=DeadLetterError.INVALID_EVENT,
+            detail=f"a line of {record.size:,} bytes, over the {record.limit:,} a replay takes"
+            " (--max-line-bytes): not decided; its size and SHA-256 name it",
+        )
+        if isinstance(record, LongLine)
+        else next(decided)
+        for record in batch
+    ]
+
+
 def _lines(
     results: list[Result], summary: ReplaySummary, *, verdicts: bool = False, dead: bool = False
 ) -> bytes:
@@ -222,6 +320,10 @@ def _lines(
                 letter = dead_letter(
                     result.error, result.detail, record.raw, record.source, result.event_id
                 )
+                if isinstance(record, LongLine):  # by size and hash: its bytes were not kept
+                    letter = msgspec.structs.replace(
+                        letter, raw=None, raw_size=record.size, raw_sha256=record.sha256
+                    )
                 add(verdict_encoder.encode(letter))
         elif verdicts:
             if kind is _DUPLICATE:

@@ -1,0 +1,128 @@
+"""A line over ``--max-line-bytes`` is read past, not kept: ``replay`` dead-letters it by
+its size and SHA-256. Before, a file with no line ends (a JSON array of gigabytes, a
+binary file) was read whole into memory, three times over."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import streams.replay as replay_module
+from schemas.events import JSON_BLANK_BYTES
+from streams.engine import Record
+from streams.replay import LongLine, read_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+BOM = b"\xef\xbb\xbf"
+
+
+def _expected(lines: list[bytes], limit: int) -> list[tuple[int, bytes | tuple[int, str]]]:
+    """(line number, its bytes, or the size and SHA-256 of a line over ``limit``) of each
+    non-blank line, as a replay reads them: without line end and a first line's BOM."""
+    out: list[tuple[int, bytes | tuple[int, str]]] = []
+    for number, line in enumerate(lines, start=1):
+        raw = line.rstrip(b"\r\n")
+        if number == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM) :]
+        if not raw.strip(JSON_BLANK_BYTES):
+            continue
+        kept = raw if len(raw) <= limit else (len(raw), hashlib.sha256(raw).hexdigest())
+        out.append((number, kept))
+    return out
+
+
+def _read(data: bytes, limit: int) -> list[tuple[int, bytes | tuple[int, str]]]:
+    pending: list[Record] = []
+    for _ in read_lines(io.BytesIO(data), 10**6, pending, limit):
+        pass
+    out: list[tuple[int, bytes | tuple[int, str]]] = []
+    for record in pending:
+        line = record.source["line"]
+        assert isinstance(line, int)
+        if isinstance(record, LongLine):
+            assert record.raw == b"" and record.limit == limit
+            out.append((line, (record.size, record.sha256)))
+        else:
+            out.append((line, record.raw))
+    return out
+
+
+_LINE = st.lists(
+    st.sampled_from([b"a", b"{", b" ", b"\r", b"\t", b"\xef\xbb\xbf", b"\xff", b"\r\r"]),
+    max_size=12,
+).map(b"".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    lines=st.lists(_LINE, min_size=1, max_size=8),
+    ends=st.lists(st.sampled_from([b"\n", b"\r\n", b"\r\r\n"]), min_size=8, max_size=8),
+    last_ended=st.booleans(),
+    limit=st.integers(0, 14),
+    chunk=st.integers(1, 4),
+)
+def test_each_line_is_kept_or_named_by_size_and_hash_as_a_model_says(
+    lines: list[bytes], ends: list[bytes], last_ended: bool, limit: int, chunk: int
+) -> None:
+    ended = [line + end for line, end in zip(lines, ends, strict=False)]
+    if not last_ended:
+        ended[-1] = lines[-1]  # the file's last line without its line end
+    with mock.patch.object(replay_module, "_CHUNK", chunk):  # lines read in small pieces
+        assert _read(b"".join(ended), limit) == _expected(ended, limit)
+
+
+def test_a_line_of_exactly_the_limit_is_kept_and_one_byte_more_is_not() -> None:
+    line = b'{"event_id": "x"}'
+    data = line + b"\r\n" + line + b"!\n" + line
+    assert _read(data, len(line)) == [
+        (1, line),
+        (2, (len(line) + 1, hashlib.sha256(line + b"!").hexdigest())),
+        (3, line),
+    ]
+
+
+def test_a_replay_dead_letters_a_long_line_and_decides_the_rest(tmp_path: Path) -> None:
+    event = {
+        "event_id": "e1",
+        "account_id": "a1",
+        "amount": "1.00",
+        "currency": "CNY",
+        "occurred_at": "2026-03-14T01:00:00Z",
+    }
+    long = json.dumps({**event, "event_id": "e2", "note": "x" * 3_000}).encode()
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(b"\n".join([json.dumps(event).encode(), long, b"", b"[1,"]) + b"\n")
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "limitflow", "replay"),
+            *("--rules", str(ROOT / "examples" / "rules.yaml"), "--input", str(source)),
+            *("--output", "v.jsonl", "--dead-letter", "d.jsonl", "--store", "memory://"),
+            *("--max-line-bytes", "2000"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    verdicts = [json.loads(x) for x in (tmp_path / "v.jsonl").read_bytes().splitlines()]
+    assert [v["event_id"] for v in verdicts] == ["e1"]
+    letters = [json.loads(x) for x in (tmp_path / "d.jsonl").read_bytes().splitlines()]
+    assert [x["source"] for x in letters] == [{"line": 2}, {"line": 4}]
+    assert letters[0] == {
+        "error": "invalid_event",
+        "detail": f"a line of {len(long):,} bytes, over the 2,000 a replay takes"
+        " (--max-line-bytes): not decided; its size and SHA-256 name it",
+        "raw": None,
+        "source": {"line": 2},
+        "raw_size": len(long),
+        "raw_sha256": hashlib.sha256(long).hexdigest(),
+    }
+    assert letters[1]["error"] == "invalid_json"  # a short line is read as before
