@@ -21,7 +21,7 @@ from handlers._slots cimport Field
 
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError
-from stores.base import Expected
+from stores.base import Expected, key_hint
 
 cdef int64_t _NONE = INT64_MIN
 """None in a packed integer field (every real value is larger)."""
@@ -153,7 +153,7 @@ cdef int _check(object key, bint stored, object held_version, object held_expire
             return 0
     elif held_version == version - 1 and held_expires_at == expires_at:
         return 0
-    raise ConflictError(f"{key!r} changed since it was read")
+    raise ConflictError(f"{key_hint(key)} changed since it was read")
 
 
 cdef bytes _pack_event(object record, object encode, object compress):

@@ -13,6 +13,7 @@ from handlers._slots cimport Field
 
 from handlers.state import Account, Bucket, EventRecord
 from schemas.events import EventType
+from stores.base import DamagedRecord, key_hint
 
 cdef Field _B_COUNT = Field(Bucket, "count")
 cdef Field _B_AMOUNT = Field(Bucket, "amount")
@@ -125,7 +126,7 @@ def buckets_into(rows, dict out):
     for found in rows:
         row = <tuple?>found
         if len(row) != 7:  # (the statement selects seven columns)
-            raise ValueError(f"a buckets row of {len(row)} columns")
+            raise DamagedRecord(f"a buckets row of {len(row)} columns")
         count, amount, version, period_end, expires_at, born = row[1:]
         if not (
             type(count) is int and type(amount) is int and type(version) is int
@@ -134,7 +135,7 @@ def buckets_into(rows, dict out):
             and (expires_at is None or type(expires_at) is int)
             and (born is None or type(born) is int)
         ):
-            raise ValueError(f"bucket {row[0]!r}: {row[1:]!r} is not a bucket's row")
+            raise DamagedRecord(f"{key_hint(row[0])}: a row that is not a bucket's")
         out[row[0]] = Bucket(count, amount, version, period_end, expires_at, born or 0)
 
 

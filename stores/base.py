@@ -63,6 +63,23 @@ class CountersLive(LimitflowError):
     """A rule's meaning cannot be forgotten: some of its counters have not expired."""
 
 
+class DamagedRecord(ValueError):
+    """A stored record that does not have limitflow's format, said without its stored
+    values or the scope values of its key (``key_hint``): its text is shown, where any
+    other error's (``int()``'s "invalid literal … '4111…'") is named by its type alone."""
+
+
+def key_hint(key: str) -> str:
+    """A stored record's ``key`` for messages and logs: a bucket's rule id and period,
+    without the scope values (a careless upstream's card number in a card rule's key,
+    which PCI DSS keeps out of logs); nothing of an account's or event's id."""
+    bare = key[2:] if key[1:2] == "#" else key  # DynamoDB's b#, a#, e#
+    rule, is_bucket, rest = bare.partition("|")
+    if not is_bucket:
+        return "a record"
+    return f"bucket {rule}|{rest.partition('|')[0]}|…"
+
+
 _MALFORMED = (
     struct.error,  # a packed memory record of the wrong size
     KeyError,
@@ -226,11 +243,13 @@ class Store(abc.ABC):
         try:
             snapshot = await self._read(keys)
         except _MALFORMED as exc:
-            # a record written by hand, by another program, or damaged: no retry mends it
+            # a record written by hand, by another program, or damaged: no retry mends it.
+            # Only limitflow's own words: another error's may quote a stored value
+            why = str(exc) if isinstance(exc, DamagedRecord) else type(exc).__name__
             raise StoreRejected(
-                f"a stored record cannot be read ({type(exc).__name__}: {exc}); it was not"
-                " written by this version of limitflow, or it is damaged"
-            ) from exc
+                f"a stored record cannot be read ({why}); it was not written by this"
+                " version of limitflow, or it is damaged"
+            ) from (exc if isinstance(exc, DamagedRecord) else None)
         _expire(snapshot, int(self._clock()))
         return snapshot
 
@@ -402,13 +421,21 @@ def redacted(url: str) -> str:
     """A store URL without its password, nor the value of an option that may hold a
     secret (``authMechanismProperties=AWS_SESSION_TOKEN:…``), for messages and logs."""
     # rebuilt by hand: urlunsplit drops the empty host of sqlite:////abs/path
-    base, has_query, query = url.partition("?")
-    netloc = urlsplit(base).netloc
+    netloc = urlsplit(url).netloc
+    scheme, sep, rest = url.partition("://")
     if "@" in netloc:
         credentials, _, hosts = netloc.rpartition("@")
         user, has_password, _ = credentials.partition(":")
         if has_password:
-            base = base.replace(netloc, f"{user}:***@{hosts}", 1)
+            url = url.replace(netloc, f"{user}:***@{hosts}", 1)
+    elif sep and "@" in rest:
+        # a password with an unescaped /, ? or # ends the host part there for urlsplit,
+        # which found no credentials and showed it whole: all to the last @ is hidden
+        credentials, at, after = rest.rpartition("@")
+        user, has_password, _ = credentials.partition(":")
+        if has_password:
+            url = f"{scheme}{sep}{user}:***{at}{after}"
+    base, has_query, query = url.partition("?")
     options = [
         option
         if "=" not in option or option.partition("=")[0] in _PLAIN_OPTIONS

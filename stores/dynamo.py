@@ -51,7 +51,15 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from stores.base import RETENTION_PARAMS, Expected, Retention, Store, redacted
+from stores.base import (
+    RETENTION_PARAMS,
+    DamagedRecord,
+    Expected,
+    Retention,
+    Store,
+    key_hint,
+    redacted,
+)
 from stores.verdict_codec import pack_verdict, unpack_verdict
 
 log = logging.getLogger("limitflow.stores.dynamo")
@@ -145,7 +153,7 @@ def _add_item(snapshot: Snapshot, item: Mapping[str, Mapping[str, Any]]) -> None
     if kind == BUCKET:
         count, amount = int(item["count"]["N"]), int(item["amount"]["N"])
         if count < 0 or amount < 0:  # an item edited by hand: more room than the limit
-            raise ValueError(f"a bucket's count {count} and amount {amount}")
+            raise DamagedRecord(f"{key_hint(pk)}: a negative count or amount")
         snapshot.buckets[key] = Bucket(
             count=count,
             amount=amount,
@@ -175,7 +183,7 @@ def _add_item(snapshot: Snapshot, item: Mapping[str, Mapping[str, Any]]) -> None
             born=tuple(int(b["N"]) for b in item.get("born", {}).get("L", ())),
         )
     else:
-        raise StoreRejected(f"unexpected item {pk!r} in the limitflow table")
+        raise StoreRejected(f"unexpected item ({key_hint(pk)}) in the limitflow table")
 
 
 def _puts(writes: Writes, expected: Expected) -> Iterator[tuple[Item, bool, int | None]]:
@@ -258,7 +266,7 @@ def _cancellation(exc: ClientError) -> StoreError:
             expiry = old.get("expires_at", {}).get("N", "none")
             log.info(
                 "conflict on %s: stored version %s (expires_at %s) is not the one read",
-                pk,
+                key_hint(pk),
                 stored,
                 expiry,
             )
@@ -307,6 +315,12 @@ class DynamoStore(Store):
     ) -> DynamoStore:
         """``dynamodb://PREFIX?endpoint_url=…&region=…``; credentials from the AWS chain."""
         parts = urlsplit(url)
+        if "@" in url.partition("?")[0]:  # not echoed: the prefix would show them
+            raise ConfigError(
+                f"{redacted(url)}: a DynamoDB store URL holds no credentials: they come from"
+                " AWS's own chain (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile,"
+                " a role)"
+            )
         query = parse_qs(parts.query)
         unknown = set(query) - _URL_PARAMS - RETENTION_PARAMS
         if unknown:
@@ -462,7 +476,7 @@ class DynamoStore(Store):
         for item in await self._get_all(await self._dynamodb(), [RULE + key for key in keys]):
             meaning = item.get("meaning", {}).get("S")
             if not isinstance(meaning, str):
-                raise ValueError(f"item {item['pk']['S']!r} holds no text meaning")
+                raise DamagedRecord(f"item {item['pk']['S']!r} holds no text meaning")
             kept[item["pk"]["S"].removeprefix(RULE)] = meaning
         return kept
 

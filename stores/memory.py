@@ -29,7 +29,7 @@ import msgspec
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError
 from schemas.events import EventType
-from stores.base import Expected, Retention, Store
+from stores.base import Expected, Retention, Store, key_hint
 from stores.verdict_codec import make_dictionary, richest, zstd_pair
 
 try:
@@ -258,4 +258,4 @@ def _check(
             return
     elif stored == (version - 1, expires_at):
         return
-    raise ConflictError(f"{key!r} changed since it was read")
+    raise ConflictError(f"{key_hint(key)} changed since it was read")

@@ -59,7 +59,16 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from stores.base import RETENTION_PARAMS, Expected, Retention, Store, after_prefix, redacted
+from stores.base import (
+    RETENTION_PARAMS,
+    DamagedRecord,
+    Expected,
+    Retention,
+    Store,
+    after_prefix,
+    key_hint,
+    redacted,
+)
 from stores.verdict_codec import pack_verdict, unpack_verdict
 
 Document = dict[str, Any]
@@ -194,7 +203,7 @@ class MongoStore(Store):
         for doc in found:
             meaning = doc.get("meaning")
             if not isinstance(meaning, str):
-                raise ValueError(f"{RULES} document {doc['_id']!r} holds no text meaning")
+                raise DamagedRecord(f"{RULES} document {doc['_id']!r} holds no text meaning")
             kept[doc["_id"]] = meaning
         return kept
 
@@ -369,6 +378,14 @@ def split_url(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     if parts.scheme not in ("mongodb", "mongodb+srv") or not parts.netloc:
         raise ConfigError(f"{redacted(url)}: expected mongodb://HOST[:PORT]/[DBNAME][?options]")
+    query_head = re.split(r"[=&;]", parts.query, maxsplit=1)[0]
+    if "@" not in parts.netloc and "@" in parts.path + parts.fragment + query_head:
+        # a password with an unescaped / ? or #, which ends the host part there: its rest
+        # was read as the database name, the options or a host, and said so, shown
+        raise ConfigError(
+            f"{redacted(url)}: a user name or password with / ? # @ or : in it must be"
+            " percent-encoded (%2F %3F %23 %40 %3A)"
+        )
     database = unquote(parts.path.lstrip("/")) or DEFAULT_DATABASE
     if "/" in database or any(c in database for c in ' ."$\\\0'):
         raise ConfigError(f"{redacted(url)}: {database!r} is not a MongoDB database name")
@@ -406,7 +423,7 @@ def _ops(
     """The write of ``doc`` as ``version``, conditioned on the stored record as read:
     none for version 1, else ``version - 1`` and ``expiry`` (a filter on expires_at)."""
     if version < 1:
-        raise StoreRejected(f"{key!r}: version {version} cannot be written")
+        raise StoreRejected(f"{key_hint(key)}: version {version} cannot be written")
     doc["_id"] = key
     doc["version"] = version
     if version == 1:
@@ -474,14 +491,14 @@ def _counted(value: object, name: str, least: int = 0) -> int:
     end, an event happen, before 1970: ``least``.)"""
     # (an int64 reads as bson's Int64, an int)
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ValueError(f"a stored {name} of {value!r}")
+        raise DamagedRecord(f"a stored {name} of type {type(value).__name__}, or below {least}")
     return int(value)
 
 
 def _flag(value: object) -> bool:
     """A stored bool (``bool()`` took "no" for True)."""
     if type(value) is not bool:
-        raise ValueError(f"a stored flag of {value!r}")
+        raise DamagedRecord(f"a stored flag of type {type(value).__name__}")
     return value
 
 
@@ -559,14 +576,14 @@ def _translate(exc: PyMongoError) -> StoreError:
         if codes and codes <= {_DUPLICATE_KEY}:
             return ConflictError("a record was created since it was read")
         if codes & _CONFLICT_CODES or exc.has_error_label("TransientTransactionError"):
-            return ConflictError(f"MongoDB write conflict: {exc}")
+            return ConflictError(f"MongoDB write conflict: {_bulk_reason(exc)}")
         if (
             exc.details.get("writeConcernErrors")
             or codes & _UNAVAILABLE_CODES
             or exc.has_error_label("RetryableWriteError")
         ):
-            return StoreUnavailable(f"MongoDB unavailable: {exc}")
-        return StoreRejected(f"MongoDB refused the write: {errors[:1]}")
+            return StoreUnavailable(f"MongoDB unavailable: {_bulk_reason(exc)}")
+        return StoreRejected(f"MongoDB refused the write: {_bulk_reason(exc)}")
     if exc.has_error_label("TransientTransactionError"):
         return ConflictError(f"MongoDB transaction aborted, retry: {exc}")
     if exc.has_error_label("RetryableWriteError"):  # the server's own word
@@ -588,6 +605,19 @@ def _translate(exc: PyMongoError) -> StoreError:
     if exc.has_error_label("UnknownTransactionCommitResult"):
         return StoreUnavailable(f"MongoDB commit outcome unknown: {exc}")
     return StoreRejected(f"MongoDB: {exc}")
+
+
+def _bulk_reason(exc: BulkWriteError) -> str:
+    """A bulk write's failure by its errors' codes and names, not its text: that quotes
+    each document that failed (``op``), and a duplicate key's message the key, whose
+    scope values may hold a card number (which PCI DSS keeps out of logs)."""
+    details = exc.details
+    said = [
+        f"{where}error {error.get('code')} {error.get('codeName', '')}".rstrip()
+        for where, errors in (("", "writeErrors"), ("write concern ", "writeConcernErrors"))
+        for error in details.get(errors, [])[:3]
+    ]
+    return ", ".join(said) or "no error named"
 
 
 def _is_conflict_text(exc: OperationFailure) -> bool:

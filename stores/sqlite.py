@@ -53,7 +53,15 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from stores.base import LATEST_EXPIRY, Expected, Retention, Store, after_prefix
+from stores.base import (
+    LATEST_EXPIRY,
+    DamagedRecord,
+    Expected,
+    Retention,
+    Store,
+    after_prefix,
+    key_hint,
+)
 from stores.verdict_codec import (
     DICTIONARY_TAG,
     VerdictCodec,
@@ -203,8 +211,7 @@ def buckets_into(found: Iterable[tuple[Any, ...]], out: dict[str, Bucket]) -> No
             and (expires_at is None or type(expires_at) is int)
             and (born is None or type(born) is int)
         ):
-            row = (count, amount, version, period_end, expires_at, born)
-            raise ValueError(f"bucket {key!r}: {row!r} is not a bucket's row")
+            raise DamagedRecord(f"{key_hint(key)}: a row that is not a bucket's")
         out[key] = Bucket(count, amount, version, period_end, expires_at, born or 0)
 
 
@@ -377,7 +384,7 @@ class SqliteStore(Store):
                     chunk,
                 ):
                     if type(value) is not str:
-                        raise ValueError(f"meta row {name!r} holds {type(value).__name__}")
+                        raise DamagedRecord(f"meta row {name!r} holds {type(value).__name__}")
                     kept[name.removeprefix(_RULE)] = value
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):  # a file made before the meta table
@@ -461,7 +468,7 @@ class SqliteStore(Store):
                     # SQLite keeps a REAL in an INTEGER column (a file edited by hand):
                     # a seq of 1.5e20 would be published in verdicts (load: StoreRejected)
                     if type(seq) is not int or type(version) is not int:
-                        raise ValueError(f"account {key!r}: seq {seq!r}, version {version!r}")
+                        raise DamagedRecord("an account's row whose seq or version is no int")
                     snapshot.accounts[key] = Account(seq, version)
             for chunk in _chunks(keys.events):
                 self.round_trips += 1
@@ -473,7 +480,7 @@ class SqliteStore(Store):
                     chunk,
                 ):
                     if not _event_row_ok(row):  # every number an int, as for buckets
-                        raise ValueError(f"event {row[0]!r}: a row that is not an event's")
+                        raise DamagedRecord("an event's row that is not one")
                     snapshot.events[row[0]] = EventRecord(
                         fingerprint=row[1],
                         account_id=row[2],

@@ -25,6 +25,8 @@ from typing import Any, Final
 import msgspec
 import zstandard
 
+from stores.base import DamagedRecord
+
 _compress: Final = zstandard.ZstdCompressor(level=1, write_checksum=False).compress
 _decompress: Final = zstandard.ZstdDecompressor().decompress
 _ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
@@ -56,13 +58,13 @@ def unpack_verdict(stored: bytes | memoryview, codec: VerdictCodec | None = None
     data = bytes(stored)
     if data[:1] == DICTIONARY_TAG:
         if codec is None:
-            raise ValueError("a verdict compressed against a dictionary, and none was found")
+            raise DamagedRecord("a verdict compressed against a dictionary, and none was found")
         verdict = codec.decompress(data[1:])
     else:
         verdict = _decompress(data) if data[:4] == _ZSTD_MAGIC else data
     if not verdict or verdict[0] != 0x7B or verdict[-1] != 0x7D:  # {…}, no copies made
         # published again to every resend as it is: a damaged or hand-written one is not
-        raise ValueError("a stored verdict that is not a JSON object")
+        raise DamagedRecord("a stored verdict that is not a JSON object")
     return verdict
 
 

@@ -68,7 +68,7 @@ from schemas.rules import RulesError, RuleSet, load_rules
 from stores.base import Store
 from streams.consumer import tolerate_empty_assignments
 from streams.engine import Engine, Record, Result, fewer_collections
-from streams.ops import OffsetResets
+from streams.ops import OffsetResets, quiet_secret_loggers
 from streams.output import Message, batch_bytes, compression_type, messages, send_all
 
 log = logging.getLogger("limitflow.faust")
@@ -412,6 +412,12 @@ class LimitflowApp(faust.App):
         from limitflow.run_cli import StoppedBeforeStart, start_retrying
 
         settings = self.limitflow
+        # `-l debug` (set up by now; this before the probe, which signs in too): aiokafka's
+        # DEBUG records hold the SASL password as sent, the drivers' the credentials or
+        # the documents written
+        level = logging.getLogger().level
+        logging.getLogger("aiokafka").setLevel(max(logging.INFO, level))
+        quiet_secret_loggers(level)
         try:
             probe = await start_retrying(
                 "worker",

@@ -212,6 +212,19 @@ def configure_logging(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
     # aiokafka logs every failed reconnect at ERROR; the consumer reports outages itself
     logging.getLogger("aiokafka").setLevel(max(logging.WARNING, root.level))
+    quiet_secret_loggers(root.level)
+
+
+SECRET_LOGGERS: Final = ("botocore", "aiobotocore", "boto3", "urllib3", "pymongo")
+"""Drivers whose DEBUG records hold credentials (botocore's signed request headers, an
+AWS session token among them) or the documents written (pymongo's commands: bucket
+keys, whose scope values may be a card number, which PCI DSS keeps out of logs)."""
+
+
+def quiet_secret_loggers(level: int) -> None:
+    """Keep the ``SECRET_LOGGERS`` at INFO or above, whatever the log's level."""
+    for name in SECRET_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.INFO, level))
 
 
 class Metrics:

@@ -117,7 +117,7 @@ async def test_an_account_sequence_that_is_not_an_integer_is_refused(
     try:
         with closing(sqlite3.connect(path, isolation_level=None)) as db:
             db.execute(f"INSERT INTO accounts VALUES ('a1', {seq}, 3)")
-        with pytest.raises(StoreRejected, match="account 'a1'"):
+        with pytest.raises(StoreRejected, match="an account's row whose seq or version is no int"):
             await store.load(Keys(accounts={"a1"}))
     finally:
         await store.close()
