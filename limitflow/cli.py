@@ -20,7 +20,7 @@ from limitflow.errors import (
     StoreError,
     StoreNotInitialized,
 )
-from limitflow.settings import MAX_MESSAGE_BYTES
+from limitflow.settings import MAX_MESSAGE_BYTES, store_password
 from schemas.rules import RuleChanged, RulesError, RuleSet, counter_meaning, load_rules
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ async def open_ready_store(
     from stores.base import redacted
 
     try:
-        store = open_store(url, lock_wait=lock_wait)
+        store = open_store(url, lock_wait=lock_wait, password=store_password(os.environ))
         try:
             if create and url.startswith(("memory:", "sqlite:")):
                 refuse_foreign = getattr(store, "refuse_foreign", None)
@@ -598,9 +598,10 @@ def _note_wide_rules(rules: RuleSet) -> None:
 
 async def _store_init(args: argparse.Namespace) -> int:
     from stores import open_store
+    from stores.base import redacted
 
     try:
-        store = open_store(args.store)
+        store = open_store(args.store, password=store_password(os.environ))
         try:
             await store.init()
         finally:
@@ -608,8 +609,8 @@ async def _store_init(args: argparse.Namespace) -> int:
     except LimitflowError as exc:
         raise CommandFailed(f"store: {exc}", EXIT_STORE) from None
     except ValueError as exc:  # a driver's word on an endpoint it cannot use
-        raise CommandFailed(f"store: {args.store}: {exc}", EXIT_STORE) from None
-    out(f"{args.store}: ready")
+        raise CommandFailed(f"store: {redacted(args.store)}: {exc}", EXIT_STORE) from None
+    out(f"{redacted(args.store)}: ready")
     return EXIT_OK
 
 

@@ -352,6 +352,17 @@ def check_group(group_id: str) -> None:
         raise ConfigError(f"group_id ({env_name('group_id')}): must not be empty")
 
 
+STORE_PASSWORD: Final = "store_password"  # noqa: S105 - a variable's name
+"""``LIMITFLOW_STORE_PASSWORD``: the password of a MongoDB store whose URL names its user
+alone (``mongodb://app@host/db``), for every command: a password in a command's
+``--store`` is in the process list (``ps``) and the shell's history."""
+
+
+def store_password(env: Mapping[str, str]) -> str | None:
+    """``LIMITFLOW_STORE_PASSWORD`` of ``env``, None when not set (or empty)."""
+    return env.get(env_name(STORE_PASSWORD)) or None
+
+
 FAUST_ONLY: Final = ("batch_wait_ms", "web_port", "data_dir")
 """Settings of the faust app (``streams.faust_app.FaustSettings``) that ``run`` has not;
 named here so that ``run`` need not import faust to know them (a test keeps them true)."""
@@ -388,7 +399,7 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
         for spec in dataclasses.fields(cls)
         if spec.name not in GROUPS
     }
-    known.update(env_name(name) for name in (*FAUST_ONLY, *TEST_VARIABLES))
+    known.update(env_name(name) for name in (*FAUST_ONLY, *TEST_VARIABLES, STORE_PASSWORD))
     return sorted(name for name in env if name.startswith(ENV_PREFIX) and name not in known)
 
 

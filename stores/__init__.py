@@ -68,7 +68,11 @@ def embedded(url: str) -> tuple[Retention, str | None]:
 
 
 def open_store(
-    url: str, clock: Callable[[], float] = time.time, *, lock_wait: float | None = None
+    url: str,
+    clock: Callable[[], float] = time.time,
+    *,
+    lock_wait: float | None = None,
+    password: str | None = None,
 ) -> Store:
     """Build the store a URL names: ``memory://``, ``sqlite:///PATH``, ``mongodb://…``,
     ``dynamodb://PREFIX?endpoint_url=…``. Nothing is contacted until first use.
@@ -76,6 +80,8 @@ def open_store(
     ``clock`` is the wall clock used only for record expiry (tests inject one).
     ``lock_wait``: seconds a sqlite store waits for another process's write lock before
     a commit fails as unavailable (default ``stores.sqlite.LOCK_WAIT``).
+    ``password``: of a MongoDB store whose URL names its user alone (other stores have
+    none: not used).
     """
     parts = urlsplit(url)
     retention, path = embedded(url)
@@ -93,7 +99,7 @@ def open_store(
         if parts.scheme in ("mongodb", "mongodb+srv"):
             from stores.mongo import MongoStore
 
-            return MongoStore.from_url(url, retention, clock)
+            return MongoStore.from_url(url, retention, clock, password=password)
         if parts.scheme == "dynamodb":
             from stores.dynamo import DynamoStore
 

@@ -138,21 +138,43 @@ class MongoStore(Store):
         url: str,
         retention: Retention | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        password: str | None = None,
     ) -> MongoStore:
-        """A store for ``mongodb://HOST[:PORT][,…]/[DBNAME][?options]`` (or ``mongodb+srv``).
+        """A store for ``mongodb://HOST[:PORT][,…]/[DBNAME][?options]`` (or ``mongodb+srv``);
+        ``password``, when given, the password of the user the URL names.
 
         The database is the URL's path (default ``limitflow``); limitflow's own query
         parameters are removed before the rest of the URL goes to the driver. No server
         is contacted here.
         """
         driver_url, database = split_url(url)
+        secret: dict[str, str] = {}
+        if password is not None:
+            user = urlsplit(url).username
+            if not user:
+                raise ConfigError(
+                    f"{redacted(url)}: LIMITFLOW_STORE_PASSWORD is set, and the URL names no"
+                    " user whose it is (mongodb://USER@HOST/…)"
+                )
+            if urlsplit(url).password is not None:
+                raise ConfigError(
+                    f"{redacted(url)}: a password in the URL and in LIMITFLOW_STORE_PASSWORD:"
+                    " give one"
+                )
+            secret["password"] = password
         try:
             # PyMongo only warns about an unknown or invalid URI option, then ignores
             # it: a misspelt ``w=majorty`` must not silently weaken durability.
             with warnings.catch_warnings():
                 warnings.simplefilter("error", UserWarning)
                 client: AsyncMongoClient[Document] = AsyncMongoClient(
-                    driver_url, tz_aware=True, tzinfo=UTC, appname="limitflow", connect=False
+                    driver_url,
+                    tz_aware=True,
+                    tzinfo=UTC,
+                    appname="limitflow",
+                    connect=False,
+                    **secret,  # type: ignore[arg-type]
                 )
         except (ConfigurationError, UserWarning) as exc:
             # PyMongo ends an unknown option's message pointing at its docstring: not ours

@@ -1992,7 +1992,9 @@ def test_a_store_not_initialized_says_what_is_missing_and_the_hint_once(
         async def close(self) -> None:
             pass
 
-    monkeypatch.setattr(stores, "open_store", lambda url, lock_wait=None: Uninitialised())
+    monkeypatch.setattr(
+        stores, "open_store", lambda url, lock_wait=None, password=None: Uninitialised()
+    )
     with pytest.raises(CommandFailed) as caught:
         asyncio.run(open_ready_store("dynamodb://t?region=x"))
     assert str(caught.value) == (

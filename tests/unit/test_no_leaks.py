@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import subprocess
 import sys
@@ -198,3 +199,35 @@ def test_debug_logging_leaves_the_drivers_that_log_secrets_at_info() -> None:
         root.handlers[:], root.level = handlers, level
         for name in (*SECRET_LOGGERS, "aiokafka"):
             logging.getLogger(name).setLevel(logging.NOTSET)
+
+
+def test_a_mongodb_password_can_come_from_the_environment_instead_of_the_url() -> None:
+    # `store init`, `replay`, `rules check --store` had the password on their command
+    # line, where `ps` and the shell's history show it
+    from stores import open_store
+    from stores.mongo import MongoStore
+
+    store = open_store("mongodb://app@127.0.0.1:1/lf", password="p/w@x")
+    assert isinstance(store, MongoStore)
+    credentials = store.client.options.pool_options._credentials
+    assert credentials is not None
+    assert (credentials.username, credentials.password) == ("app", "p/w@x")
+    with pytest.raises(ConfigError, match="the URL names no user"):
+        open_store("mongodb://127.0.0.1:1/lf", password="x")
+    with pytest.raises(ConfigError, match="give one") as both:
+        open_store(f"mongodb://app:{PASSWORD}@127.0.0.1:1/lf", password="x")
+    assert PASSWORD not in str(both.value)
+    assert isinstance(open_store("memory://", password="x"), object)  # no password there
+
+
+def test_store_init_reads_the_password_variable_and_shows_no_password(tmp_path: Path) -> None:
+    env = {**os.environ, "LIMITFLOW_STORE_PASSWORD": PASSWORD}
+    done = subprocess.run(
+        [sys.executable, "-m", "limitflow", "store", "init", "--store", "mongodb://127.0.0.1:1/lf"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 3
+    assert "LIMITFLOW_STORE_PASSWORD is set, and the URL names no user" in done.stderr.decode()
