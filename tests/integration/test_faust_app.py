@@ -530,9 +530,12 @@ async def test_records_deleted_before_they_were_decided_are_said(tmp_path: Path)
     said = [
         line for line in (tmp_path / "w2.log").read_text().splitlines() if "out of range" in line
     ]
-    assert len(said) == 1, (tmp_path / "w2.log").read_text()[-3000:]
-    assert "WARNING" in said[0]
-    assert f"input partition {names.input}:0: offset 10 is out of range" in said[0]
+    # (once or twice: faust may fetch from its own note of offset 10 again, and
+    # aiokafka then resets, and says so, again)
+    assert said, (tmp_path / "w2.log").read_text()[-3000:]
+    for line in said:
+        assert "WARNING" in line
+        assert f"input partition {names.input}:0: offset 10 is out of range" in line
 
 
 async def test_a_stop_while_the_brokers_are_down_ends(tmp_path: Path) -> None:
