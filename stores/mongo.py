@@ -151,13 +151,13 @@ class MongoStore(Store):
         driver_url, database = split_url(url)
         secret: dict[str, str] = {}
         if password is not None:
-            user = urlsplit(url).username
-            if not user:
+            given = urlsplit(url)
+            if not given.username:
                 raise ConfigError(
                     f"{redacted(url)}: LIMITFLOW_STORE_PASSWORD is set, and the URL names no"
                     " user whose it is (mongodb://USER@HOST/…)"
                 )
-            if urlsplit(url).password is not None:
+            if given.password is not None:
                 raise ConfigError(
                     f"{redacted(url)}: a password in the URL and in LIMITFLOW_STORE_PASSWORD:"
                     " give one"

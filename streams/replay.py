@@ -84,9 +84,13 @@ def read_lines(
                 raw = raw[len(_BOM) :]
             if not raw.strip(JSON_BLANK_BYTES):
                 continue
-            record = Record(raw, {"line": number})
-            if len(raw) > max_line_bytes:
-                record = _long_line(raw, None, number, max_line_bytes)
+            if len(raw) <= max_line_bytes:  # its line end aside
+                record = Record(raw, {"line": number})
+            else:
+                digest = hashlib.sha256(raw).hexdigest()
+                record = LongLine(
+                    b"", {"line": number}, size=len(raw), sha256=digest, limit=max_line_bytes
+                )
         if record is None:  # a long line of blanks
             continue
         add(record)
@@ -95,23 +99,22 @@ def read_lines(
 
 
 def _long_line(
-    start: bytes, readline: Callable[[int], bytes] | None, number: int, limit: int
+    start: bytes, readline: Callable[[int], bytes], number: int, limit: int
 ) -> Record | None:
     """The ``LongLine`` of line ``number``, which begins with ``start`` and goes on in
-    ``readline`` (None: ``start`` is all of it, as read: its line end and a byte order
-    mark starting the file taken off) to its end; None when it is blank, its ``Record``
-    when it is not over ``limit`` after all (a line end of many \r). Its size and SHA-256
-    are those of its bytes as a replay reads them: without its line end, or a byte order
-    mark starting the file."""
+    ``readline`` to its end; None when it is blank, its ``Record`` when it is not over
+    ``limit`` after all (a line end of many \r). Its size and SHA-256 are those of its
+    bytes as a replay reads them: without its line end, or a byte order mark starting
+    the file."""
     digest = hashlib.sha256()
     head = bytearray()  # its bytes while they are not over the limit
     size = 0
     blank = True
     chunk = start
     held = b""  # a chunk's last \r, which may be the start of its line's end
-    first = readline is not None and number == 1  # a byte order mark yet to take off
+    first = number == 1  # a byte order mark yet to take off
     while True:
-        last = readline is None or not chunk or chunk.endswith(b"\n")  # not chunk: EOF
+        last = not chunk or chunk.endswith(b"\n")  # not chunk: the end of the file
         chunk = held + chunk
         data = chunk.rstrip(b"\r\n") if last else chunk.rstrip(b"\r")
         held = b"" if last else chunk[len(data) :]
@@ -125,7 +128,6 @@ def _long_line(
         blank = blank and not data.strip(JSON_BLANK_BYTES)
         if last:
             break
-        assert readline is not None
         chunk = readline(_CHUNK)
     if blank:
         return None
