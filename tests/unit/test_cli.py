@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.signals import catches, needs_proc
+
 RULES = textwrap.dedent(
     """\
     rules:
@@ -1746,14 +1748,6 @@ def _start_run(tmp_path: Path, rules: Path) -> tuple[subprocess.Popen[bytes], Pa
     return proc, err
 
 
-def _catches(pid: int, sig: int) -> bool:
-    """Whether process ``pid`` has a handler for ``sig`` (``SigCgt``, ``man 5 proc``)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("SigCgt:"):
-            return bool(int(line.split()[1], 16) & (1 << (sig - 1)))
-    raise AssertionError(f"no SigCgt for process {pid}")
-
-
 def _stopped(proc: subprocess.Popen[bytes], err: Path) -> tuple[int, str]:
     try:
         code = proc.wait(15)  # well before the store's wait ends
@@ -1761,11 +1755,6 @@ def _stopped(proc: subprocess.Popen[bytes], err: Path) -> tuple[int, str]:
         proc.kill()
         proc.wait()
     return code, err.read_text(errors="replace")
-
-
-needs_proc = pytest.mark.skipif(
-    not Path("/proc/self/status").exists(), reason="reads /proc/PID of the process"
-)
 
 
 @needs_proc
@@ -1819,7 +1808,7 @@ def test_a_replay_waiting_for_its_store_stops_on_a_signal_and_writes_nothing(
         )
     deadline = time.monotonic() + 60
     # its handlers of both come as the store opens (Python's own catches SIGINT before)
-    while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+    while not catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
         assert proc.poll() is None, err.read_text(errors="replace")
         time.sleep(0.01)
     time.sleep(0.5)  # into the wait for the server
@@ -1844,14 +1833,14 @@ def test_run_stops_on_sigterm_from_its_first_moments_with_exit_0(
     proc, err = _start_run(tmp_path, rules)
     if delay is None:
         deadline = time.monotonic() + 20
-        while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+        while not catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
             assert proc.poll() is None, err.read_text(errors="replace")
             time.sleep(0.001)
-        caught = _catches(proc.pid, signal.SIGTERM)
+        caught = catches(proc.pid, signal.SIGTERM)
         assert caught, "SIGTERM was not caught while `run` started"
     else:
         time.sleep(delay)
-        caught = _catches(proc.pid, signal.SIGTERM)
+        caught = catches(proc.pid, signal.SIGTERM)
     proc.send_signal(signal.SIGTERM)
     code, log = _stopped(proc, err)
     if not caught:

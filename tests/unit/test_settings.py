@@ -30,6 +30,7 @@ from limitflow.settings import (
     unknown_variables,
 )
 from tests.servers import make_certificates
+from tests.signals import catches, needs_proc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -262,6 +263,7 @@ def test_a_faust_worker_whose_store_is_unusable_says_so_in_one_line(tmp_path: Pa
     assert line.startswith("limitflow: store: SQLite: file is not a database")
 
 
+@needs_proc
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_faust_worker_stopped_while_it_opens_its_store_ends_in_one_line(
     tmp_path: Path, sig: signal.Signals
@@ -274,9 +276,19 @@ def test_a_faust_worker_stopped_while_it_opens_its_store_ends_in_one_line(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    time.sleep(4)  # imported, and opening the store
-    worker.send_signal(sig)
-    out, err = worker.communicate(timeout=20)
+    try:
+        # once it catches both, as it opens the store: a fixed 4 s was, on a slow
+        # machine, still in the imports, where a SIGINT ignored by CI's shell was lost
+        deadline = time.monotonic() + 60
+        while not catches(worker.pid, signal.SIGTERM) and time.monotonic() < deadline:
+            assert worker.poll() is None, worker.communicate()[1].decode()
+            time.sleep(0.01)
+        time.sleep(0.5)  # into the wait for the server
+        worker.send_signal(sig)
+        out, err = worker.communicate(timeout=20)
+    finally:
+        worker.kill()
+        worker.communicate()
     assert worker.returncode == 0, err.decode()
     assert err.decode() == "limitflow: stopped before starting; nothing was consumed\n"
     assert out == b""
