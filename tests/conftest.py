@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +14,20 @@ from hypothesis import HealthCheck, settings
 # can take longer than hypothesis's 200 ms deadline, and a test then failed for that alone.
 settings.register_profile("limitflow", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("limitflow")
+
+
+@pytest.fixture(autouse=True)
+def signal_actions() -> Iterator[None]:
+    """Each test starts with SIGINT and SIGTERM as the session started, and its
+    subprocesses inherit that: asyncio's ``remove_signal_handler`` puts Python's SIGINT
+    handler back, so a session started with SIGINT ignored (as CI's shell starts it)
+    caught it from the first test whose event loop had handled signals, and a test run
+    alone saw another start than in the whole suite."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, action in before.items():
+        if signal.getsignal(sig) is not action and action is not None:
+            signal.signal(sig, action)
 
 
 @pytest.fixture(scope="session")

@@ -375,9 +375,14 @@ def test_processes_sharing_a_merchant_bucket_never_pass_the_limit(
         )
         for w in range(workers)
     ]
-    for process in processes:
-        _, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err.decode()
+    try:
+        for process in processes:
+            _, err = process.communicate(timeout=300)
+            assert process.returncode == 0, err.decode()
+    finally:  # the others too, when one failed
+        for process in processes:
+            process.kill()
+            process.communicate()
     accepted: list[str] = []
     for w in range(workers):
         for line in (tmp_path / f"out{w}.jsonl").read_bytes().splitlines():

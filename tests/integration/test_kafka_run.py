@@ -695,7 +695,7 @@ def test_a_stop_while_waiting_to_join_again_ends_at_once(setup: Setup) -> None:
     time.sleep(0.5)
     started = time.monotonic()
     assert setup.stop(a, timeout=30) == 0, setup.log(0)
-    assert time.monotonic() - started < 4, setup.log(0)
+    assert time.monotonic() - started < 6, setup.log(0)  # not the 8 s pause, nor 16 s
     assert "joining the group again in 16s" not in setup.log(0)
 
 
@@ -831,7 +831,8 @@ async def test_store_outage_pauses_then_resumes_without_loss(setup: Setup) -> No
         await check_against_replay(setup, lines, sources)
         assert (await asyncio.to_thread(http_get, port, "/readyz"))[0] == 200
     finally:
-        os.kill(os.getpid(), signal.SIGTERM)  # serve() installed its handler on this loop
+        if not task.done():  # else serve() put the default action back: it would end pytest
+            os.kill(os.getpid(), signal.SIGTERM)  # serve() installed its handler on this loop
         assert await asyncio.wait_for(task, 60) == 0
         await inner.close()
 
@@ -1043,7 +1044,10 @@ async def test_exactly_once_a_partition_fenced_mid_stream_publishes_no_verdict_t
         proc = s.run("--guarantee", "exactly-once", "--batch-size", "100")
         wait_for(lambda: _rows(s.store) > 0, 120, "progress")
         fenced = f"limitflow:{s.name}-group:{s.topics[0]}:1"
+        deadline = time.monotonic() + 180
         while _rows(s.store) < len(lines) * 3 // 4:  # fenced again and again, mid-stream
+            assert proc.poll() is None, s.log(0)[-3000:]
+            assert time.monotonic() < deadline, s.log(0)[-3000:]
             intruder = AIOKafkaProducer(
                 bootstrap_servers=s.bootstrap, transactional_id=fenced, enable_idempotence=True
             )
@@ -1082,8 +1086,8 @@ async def test_exactly_once_a_member_dropped_from_its_group_while_running_publis
         await evict_members(s.bootstrap, f"{s.name}-group")  # it runs on, not knowing
         second = s.run("--guarantee", "exactly-once", "--batch-size", "7")
         wait_for(lambda: '"partitions assigned", "partitions": ["' in s.log(1), 60, "takeover")
-        await check_against_replay(
-            s, lines, sources, isolation="read_committed", exactly_once=True, timeout=40
+        await check_against_replay(  # 5,000+ events in batches of 7: slow in a slow hour
+            s, lines, sources, isolation="read_committed", exactly_once=True, timeout=120
         )
         assert "batch abandoned" in s.log(0), "the first member was never fenced"
         # fenced, it rejoins at once, each partition abandoned once at most (it went on
@@ -1462,7 +1466,8 @@ async def test_brokers_frozen_under_a_batch_show_at_once_and_a_stop_keeps_its_gr
             stopped_at = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(60) == 0, s.log(0)[-3000:]
-            assert time.monotonic() - stopped_at < 12, s.log(0)[-3000:]  # 3 s + a quick close
+            # 3 s of grace, then each client's close (2 s at least): not the 30 s timeout
+            assert time.monotonic() - stopped_at < 20, s.log(0)[-3000:]
             log = s.log(0)
             assert "publish: no answer after 5s; still waiting" in log
             assert "stop grace period expired while waiting on publish" in log

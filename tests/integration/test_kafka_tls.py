@@ -130,7 +130,11 @@ async def test_the_faust_app_over_tls_with_client_certificates_equals_replay(
         await check_against_replay(setup, lines, sources)
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(60) == 0, (setup.tmp / "faust.log").read_text()[-3000:]
+        try:
+            assert worker.wait(60) == 0, (setup.tmp / "faust.log").read_text()[-3000:]
+        finally:
+            worker.kill()
+            worker.wait()
 
 
 def test_the_sample_scripts_take_the_same_tls_settings(

@@ -448,7 +448,9 @@ async def test_ttl_deletion_does_not_let_a_stale_writer_overwrite_the_new_record
     """The server's own TTL deletion, not a simulated one: B reads a bucket and an event
     record just before they expire, the server deletes them, A creates them again at
     version 1, and B's write (conditioned on version 1) must not replace A's records."""
-    seconds = Retention(bucket_seconds=2, event_seconds=2)
+    # 10 s: with 2, the seconds truncated from ``now`` and a slow commit on a busy
+    # machine could reach the expiry before B's read
+    seconds = Retention(bucket_seconds=10, event_seconds=10)
     handle = MongoStore(store.client, store.database_name, seconds)  # the real clock
     now = int(time.time())
     await handle.commit(
@@ -696,9 +698,15 @@ def test_concurrent_processes_never_exceed_a_shared_limit(store_url: str, tmp_pa
         argv += ["--store", store_url, "--batch-size", "3"]
         running.append((out, subprocess.Popen(argv, cwd=REPO, stderr=subprocess.PIPE, text=True)))
     accepted_minor = accepted_count = verdict_count = 0
-    for out, proc in running:
-        _, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, stderr
+    try:
+        for _, proc in running:
+            _, stderr = proc.communicate(timeout=600)
+            assert proc.returncode == 0, stderr
+    finally:  # the others too, when one failed
+        for _, proc in running:
+            proc.kill()
+            proc.communicate()
+    for out, _ in running:
         for line in (out / "v.jsonl").read_text().splitlines():
             verdict = json.loads(line)
             verdict_count += 1

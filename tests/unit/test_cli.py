@@ -973,6 +973,16 @@ def test_rules_check_fails_on_a_missing_file(tmp_path: Path) -> None:
 # -- found by an operator's review of replay ------------------------------------------
 
 
+def _stderr_once_ended(proc: subprocess.Popen[bytes], timeout: float) -> bytes:
+    """The standard error of ``proc`` once it has ended, within ``timeout`` seconds; if
+    it has not, it is killed and its pipes closed all the same."""
+    with proc:
+        try:
+            return proc.communicate(timeout=timeout)[1]
+        finally:
+            proc.kill()
+
+
 def test_a_first_signal_ends_a_replay_after_its_batch_and_a_rerun_completes_it(
     tmp_path: Path,
 ) -> None:
@@ -998,7 +1008,7 @@ def test_a_first_signal_ends_a_replay_after_its_batch_and_a_rerun_completes_it(
     while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    err = _stderr_once_ended(proc, 30)
     assert proc.returncode == 130, err.decode()
     assert b"stopped by a signal after" in err and b"Traceback" not in err
     first = out.read_bytes().splitlines()
@@ -1059,7 +1069,7 @@ def test_a_signal_while_a_replay_waits_on_a_pipe_decides_the_lines_read_before_i
     while in_syscall.read_text().split()[:2] != [read, "0x0"] and time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    err = _stderr_once_ended(proc, 30)
     assert proc.returncode == 130, err.decode()
     assert b"Traceback" not in err
     said = "stopped by a signal after 100 events (input lines 1-100); " + (
@@ -1075,23 +1085,28 @@ def test_a_signal_while_a_replay_waits_on_a_pipe_decides_the_lines_read_before_i
 @contextmanager
 def _waiting_for_the_lock(
     store: Path, args: list[str], cwd: Path
-) -> Iterator[tuple[subprocess.Popen[bytes], sqlite3.Connection]]:
+) -> Iterator[tuple[subprocess.Popen[bytes], sqlite3.Connection, Path]]:
     """``limitflow ARGS`` started while another connection holds ``store``'s write lock
-    (the holder, yielded with it), once the process sleeps in SQLite's wait for it."""
+    (the holder, yielded with it and the file of its standard error), once the process
+    sleeps in SQLite's wait for it; killed at the end if it has not ended."""
     sleeps = {"x86_64": ("35", "230"), "aarch64": ("101", "115")}.get(platform.machine())
     if sleeps is None:  # nanosleep, clock_nanosleep
         pytest.skip("the sleep system calls' numbers on this machine are not known here")
-    with closing(sqlite3.connect(store, isolation_level=None)) as holder:
+    err = cwd / "stderr"
+    with closing(sqlite3.connect(store, isolation_level=None)) as holder, open(err, "wb") as sink:
         holder.execute("BEGIN IMMEDIATE")  # another process's write lock, held
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "limitflow", *args], cwd=cwd, stderr=subprocess.PIPE
-        )
-        in_syscall = Path(f"/proc/{proc.pid}/syscall")
-        deadline = time.monotonic() + 60
-        while in_syscall.read_text().split()[0] not in sleeps:
-            assert time.monotonic() < deadline, "never waited for the lock"
-            time.sleep(0.02)
-        yield proc, holder
+        proc = subprocess.Popen([sys.executable, "-m", "limitflow", *args], cwd=cwd, stderr=sink)
+        try:
+            in_syscall = Path(f"/proc/{proc.pid}/syscall")
+            deadline = time.monotonic() + 60
+            while in_syscall.read_text().split()[0] not in sleeps:
+                assert proc.poll() is None, err.read_text(errors="replace")
+                assert time.monotonic() < deadline, "never waited for the lock"
+                time.sleep(0.02)
+            yield proc, holder, err
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 def test_a_second_signal_stops_a_replay_waiting_for_another_process_s_write_lock(
@@ -1110,17 +1125,23 @@ def test_a_second_signal_stops_a_replay_waiting_for_another_process_s_write_lock
     with _waiting_for_the_lock(store, [*args, "--output", "v1.jsonl"], tmp_path) as (
         proc,
         holder,
+        err,
     ):
         os.kill(proc.pid, signal.SIGINT)
-        time.sleep(0.3)
+        # the second once the first is said: a fixed 0.3 s could end before the handler
+        # ran, in SQLite's busy wait, and the two signals then were one
+        deadline = time.monotonic() + 20
+        while "finishing the batch in hand" not in err.read_text() and proc.poll() is None:
+            assert time.monotonic() < deadline, err.read_text()
+            time.sleep(0.02)
         os.kill(proc.pid, signal.SIGINT)
         started = time.monotonic()
-        _, err = proc.communicate(timeout=20)
+        proc.wait(timeout=20)
         waited = time.monotonic() - started
         holder.execute("ROLLBACK")
-    assert proc.returncode == 130, err.decode()
-    assert "stopping now" in err.decode()
-    assert waited < 5, err.decode()
+    assert proc.returncode == 130, err.read_text()
+    assert "stopping now" in err.read_text()
+    assert waited < 5, err.read_text()
     assert (tmp_path / "v1.jsonl").read_bytes() == b""  # nothing decided was stored
 
 
@@ -1143,19 +1164,19 @@ def test_a_signal_while_a_replay_waits_to_keep_a_new_rule_stops_it_keeping_nothi
     weekly = "  - id: acct-week-9\n    window: week\n    timezone: Asia/Tokyo\n    max_count: 9\n"
     more = write(tmp_path / "more.yaml", [RULES + weekly])
     replay = ["replay", "--rules", str(more), "--input", str(first), "--output", "v1.jsonl"]
-    with _waiting_for_the_lock(store, [*replay, *args], tmp_path) as (proc, holder):
+    with _waiting_for_the_lock(store, [*replay, *args], tmp_path) as (proc, holder, err):
         os.kill(proc.pid, signal.SIGINT)
         started = time.monotonic()
         try:
-            _, err = proc.communicate(timeout=5)
+            proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             holder.execute("ROLLBACK")
-            _, err = proc.communicate(timeout=60)
-            pytest.fail(f"the stop waited for the lock: {err.decode()}")
+            proc.wait(timeout=60)
+            pytest.fail(f"the stop waited for the lock: {err.read_text()}")
         waited = time.monotonic() - started
         holder.execute("ROLLBACK")
-    assert proc.returncode == 130, err.decode()
-    assert "stopped before the replay started: nothing was decided or written" in err.decode()
+    assert proc.returncode == 130, err.read_text()
+    assert "stopped before the replay started: nothing was decided or written" in err.read_text()
     assert waited < 5
     with closing(sqlite3.connect(store)) as db:
         kept = [name for (name,) in db.execute("SELECT name FROM meta")]
