@@ -341,17 +341,19 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
                         summary=summary,
                     )
             except StoreError as exc:
-                raise CommandFailed(f"store: {exc}{_decided(summary)}", EXIT_STORE) from None
+                before = _decided(summary, (verdicts, dead), stored=not args.dry_run)
+                raise CommandFailed(f"store: {exc}{before}", EXIT_STORE) from None
             except WriteFailed as exc:
                 path = args.output if exc.output == "output" else args.dead_letter
                 if isinstance(exc.__cause__, BrokenPipeError) and path == "-":
                     # the reader left: say so once, not again as Python exits
                     to_devnull(sys.stdout.fileno())
-                # (not what was decided before: the outputs' last writes may be lost)
-                raise CommandFailed(f"cannot write {path}: {exc}", EXIT_INPUT) from None
+                kept = "" if args.dry_run or args.store.startswith("memory:") else _kept(summary)
+                raise CommandFailed(f"cannot write {path}: {exc}{kept}", EXIT_INPUT) from None
             except OSError as exc:
+                before = _decided(summary, (verdicts, dead), stored=not args.dry_run)
                 raise CommandFailed(
-                    f"cannot read {args.input}: {exc}{_decided(summary)}", EXIT_INPUT
+                    f"cannot read {args.input}: {exc}{before}", EXIT_INPUT
                 ) from None
         finally:
             await store.close()
@@ -376,15 +378,39 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
     return EXIT_OK
 
 
-def _decided(summary: ReplaySummary) -> str:
-    """What a replay that failed had done before (``ReplaySummary``): the lines of the
-    batches decided and written (and stored, unless a dry run). A pipe's cannot be read
-    again."""
+def _decided(summary: ReplaySummary, outputs: tuple[BinaryIO, BinaryIO], *, stored: bool) -> str:
+    """What a replay that failed in deciding or reading had done before (``ReplaySummary``):
+    the lines of the batches decided and written (and stored, unless a dry run). Written
+    only once the outputs' buffers are flushed: on a full disk that fails, and the lines
+    said written were not all there (a pipe's cannot be read again)."""
     if not summary.lines:
         return ""
+    before = f"; before it, {_count(summary.lines, 'event')} (input lines 1-{summary.last_line})"
+    try:
+        for output in outputs:
+            output.flush()
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError) and sys.stdout and output is sys.stdout.buffer:
+            to_devnull(sys.stdout.fileno())  # said here, not again as Python exits
+        if not stored:
+            return f"{before} were decided, but not all their output lines written ({exc.strerror})"
+        return (
+            f"{before} were decided and stored, but not all their output lines written"
+            f" ({exc.strerror}): replay the same input on the same store to write them"
+        )
+    return f"{before} were decided and written"
+
+
+def _kept(summary: ReplaySummary) -> str:
+    """What the store of a replay whose output failed holds: the batches decided (the
+    one whose lines failed too), not all their lines written. Replayed on the same store,
+    their events repeat their verdicts: every line is then written."""
+    if not summary.decided:
+        return ""
     return (
-        f"; before it, {_count(summary.lines, 'event')} (input lines 1-{summary.last_line})"
-        " were decided and written"
+        f"; before it, {_count(summary.decided, 'event')} (input lines"
+        f" 1-{summary.decided_last_line}) were decided and stored, not all their output lines"
+        " written: replay the same input on the same store to write them"
     )
 
 

@@ -34,6 +34,11 @@ class ReplaySummary:
     """Stopped by a signal: every line read before it is decided, written and stored."""
     last_line: int = 0
     """The line number of the last event decided (0 for none)."""
+    decided: int = 0
+    """Lines of the batches decided (and stored, unless a dry run), their output lines
+    handed to the outputs or not: ``lines`` but a batch whose writing failed."""
+    decided_last_line: int = 0
+    """The line number of the last of ``decided`` (0 for none)."""
 
 
 _BOM: Final = b"\xef\xbb\xbf"
@@ -231,14 +236,17 @@ async def _decide(
         results = await _with_long_lines(engine, batch)
     else:
         results = await engine.process(batch)
+    line = batch[-1].source["line"]
+    last_line = line if isinstance(line, int) else 0
+    summary.decided += len(batch)
+    summary.decided_last_line = last_line
     if verdicts is dead_letters:
         _write(verdicts, _lines(results, summary, verdicts=True, dead=True), "output")
     else:
         _write(verdicts, _lines(results, summary, verdicts=True), "output")
         _write(dead_letters, _lines(results, summary, dead=True), "dead-letter")
     summary.lines += len(batch)
-    line = batch[-1].source["line"]
-    summary.last_line = line if isinstance(line, int) else 0
+    summary.last_line = last_line
     stop.deciding = False
 
 

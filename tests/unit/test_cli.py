@@ -1493,6 +1493,68 @@ def test_a_failed_write_names_the_output_not_the_input(tmp_path: Path) -> None:
         )
 
 
+def test_a_failed_write_says_what_the_store_holds_and_a_replay_again_writes_it_all(
+    tmp_path: Path,
+) -> None:
+    # "cannot write …" alone, while the store held every event decided: on a full disk
+    # nothing said which lines of a pipe were decided and could be sent again
+    source = write(tmp_path / "events.jsonl", FILE_A)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    args = ["replay", "--rules", str(rules), "--input", str(source), "--batch-size", "4"]
+    args += ["--store", f"sqlite:///{tmp_path / 'state.db'}"]
+    failed = limitflow(*args, "--output", "/dev/full", "--dead-letter", "d0", cwd=tmp_path)
+    assert failed.returncode == 1
+    assert one_line_reason(failed) == (
+        "limitflow: cannot write /dev/full: No space left on device; before it, 11 events"
+        " (input lines 1-13) were decided and stored, not all their output lines written:"
+        " replay the same input on the same store to write them"
+    )
+    again = limitflow(*args, "--output", "v1", "--dead-letter", "d1", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr.decode()
+    verdicts = [json.loads(x) for x in (tmp_path / "v1").read_bytes().splitlines()]
+    assert [(v["event_id"], v["decision"], v["reason"], v["seq"]) for v in verdicts] == (
+        FILE_A_VERDICTS
+    )
+    assert "11 events: 0 accepted, 0 rejected, 8 duplicates, 3 dead letters" in (
+        again.stderr.decode()
+    )
+
+
+def test_a_replay_failing_on_its_store_says_dead_letters_unwritten_are_not_written(
+    tmp_path: Path,
+) -> None:
+    # the dead letters of the lines said "decided and written" were in the file's buffer:
+    # its flush failed on the full disk as the replay ended, unsaid, and the lines were
+    # not in the file (a pipe's cannot be read again)
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    store = ["--store", f"sqlite:///{tmp_path / 'state.db'}"]
+    first = write(tmp_path / "events.jsonl", [pay("p1")])
+    made = limitflow(
+        *("replay", "--rules", str(rules), "--input", str(first), "--output", "v0"),
+        *(*store, "--dead-letter", "d0"),
+        cwd=tmp_path,
+    )
+    assert made.returncode == 0, made.stderr.decode()
+    with closing(sqlite3.connect(tmp_path / "state.db")) as db:
+        db.execute("UPDATE events SET type = 'refund'")  # p1's record: not limitflow's
+        db.commit()
+    lines = [pay("n1"), "not json", pay("p1"), pay("n3")]
+    result = limitflow(
+        *("replay", "--rules", str(rules), "--input", "-", "--output", "v1.jsonl"),
+        *(*store, "--dead-letter", "/dev/full", "--batch-size", "2"),
+        cwd=tmp_path,
+        stdin="\n".join(lines).encode() + b"\n",
+    )
+    assert result.returncode == 3
+    reason = one_line_reason(result)
+    assert "a stored record cannot be read" in reason
+    assert reason.endswith(
+        "; before it, 2 events (input lines 1-2) were decided and stored, but not all their"
+        " output lines written (No space left on device): replay the same input on the same"
+        " store to write them"
+    )
+
+
 def test_a_damaged_sqlite_store_is_one_line_and_exit_3(tmp_path: Path) -> None:
     source = write(tmp_path / "events.jsonl", FILE_A)
     rules = write(tmp_path / "rules.yaml", [RULES])
