@@ -321,7 +321,7 @@ class SqliteStore(Store):
                         if "duplicate column" not in str(exc):
                             raise
         except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self.path) from exc
         finally:
             self._db.execute(f"PRAGMA busy_timeout={int(min(self.lock_wait, _LOCK_TRY) * 1000)}")
 
@@ -337,7 +337,7 @@ class SqliteStore(Store):
                 if not row[0].startswith("sqlite_")
             )
         except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self.path) from exc
         if names and not {"buckets", "accounts", "events", "meta"} & set(names):
             shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
             raise StoreRejected(
@@ -364,7 +364,7 @@ class SqliteStore(Store):
                 not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             ]
         except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self.path) from exc
         if lacking:
             # a replay or a run adds them as it starts; a dry run, which writes nothing,
             # read such a file as "no such column": another program's tables, it said
@@ -389,9 +389,9 @@ class SqliteStore(Store):
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):  # a file made before the meta table
                 return {}
-            raise _translate(exc) from exc
+            raise _translate(exc, self.path) from exc
         except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self.path) from exc
         return kept
 
     async def _add_meanings(self, meanings: dict[str, str]) -> None:
@@ -412,7 +412,7 @@ class SqliteStore(Store):
                 (prefix, after_prefix(prefix), now),
             ).fetchone()
         except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self.path) from exc
         return found is not None
 
     def _in_meta(
@@ -439,7 +439,7 @@ class SqliteStore(Store):
                     db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
-            error = _translate(exc)
+            error = _translate(exc, self.path)
             raise type(error)(f"writing the rules' meanings: {error}") from exc
         return changed
 
@@ -498,7 +498,7 @@ class SqliteStore(Store):
                         born=() if row[14] is None else tuple(_decode_born(row[14])),
                     )
         except sqlite3.Error as exc:  # also a damaged file (DatabaseError)
-            raise _translate(exc) from exc
+            raise _translate(exc, self.path) from exc
         return snapshot
 
     def _unpack(self, stored: bytes) -> bytes:
@@ -565,7 +565,7 @@ class SqliteStore(Store):
             try:
                 codec = self._codec = self._verdict_codec(first)
             except sqlite3.Error as exc:
-                raise _translate(exc) from exc
+                raise _translate(exc, self.path) from exc
         # (without events, no verdict is packed: the fallback is never called)
         pack = pack_verdict if codec is None else codec.pack
         # every parameter is made (verdicts compressed) before the write lock is taken:
@@ -585,7 +585,7 @@ class SqliteStore(Store):
         try:
             self._begin_immediate()
         except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self.path) from exc
         try:
             if not self._has_meta:  # a file made before it: the floors are kept there
                 db.execute(_META_SCHEMA)
@@ -642,7 +642,7 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            raise _translate(exc) from exc
+            raise _translate(exc, self.path) from exc
 
     def _floor(self, db: sqlite3.Connection, table: str, written: int | None) -> int:
         """The expiry floor of ``table``: no row of it expires before. Lowered to
@@ -720,7 +720,7 @@ def _open(path: str) -> sqlite3.Connection:
                 sqlite3.SQLITE_LOCKED,
             )
             if type(exc) is sqlite3.DatabaseError:  # "malformed", "not a database"
-                raise _translate(exc) from exc  # no retry mends it (StoreRejected)
+                raise _translate(exc, path) from exc  # no retry mends it (StoreRejected)
             if not busy or time.monotonic() + delay > deadline:
                 # sqlite:///tmp/x.db names tmp/x.db in the working directory, a common slip
                 # (only when its folder is missing: a read-only one is not that slip)
@@ -730,15 +730,17 @@ def _open(path: str) -> sqlite3.Connection:
                     else f" (a relative path, from {os.getcwd()}; an absolute one takes"
                     f" four slashes: sqlite:////{path})"
                 )
-                raise StoreUnavailable(f"cannot open SQLite database {path}: {exc}{hint}") from exc
+                raise StoreUnavailable(
+                    f"cannot open SQLite database {path}: {exc}{_disk(exc, path)}{hint}"
+                ) from exc
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
             continue
         return db
 
 
-def _translate(exc: sqlite3.Error) -> Exception:
-    text = str(exc)
+def _translate(exc: sqlite3.Error, path: str) -> Exception:
+    text = f"{exc}{_disk(exc, path)}"
     if "no such table" in text:
         return StoreNotInitialized("SQLite tables are missing")
     if type(exc) is sqlite3.DatabaseError:  # "malformed", "not a database": no retry helps
@@ -746,3 +748,20 @@ def _translate(exc: sqlite3.Error) -> Exception:
     if "no such column" in text:  # another program's tables of the same names
         return StoreRejected(f"SQLite: {text} (the file's tables are not limitflow's)")
     return StoreUnavailable(f"SQLite: {text}")
+
+
+def _disk(exc: sqlite3.Error, path: str) -> str:
+    """For an I/O error or a full database: SQLite's name of it, and the room left on the
+    file's disk. A full disk was "disk I/O error" alone where SQLite could not make the
+    ``-shm`` file beside the database (``SQLITE_IOERR_SHMSIZE``), read as a failing disk."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None or code & 0xFF not in (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL):
+        return ""
+    name = getattr(exc, "sqlite_errorname", None) or "SQLITE_IOERR"
+    try:
+        disk = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return f" ({name})"
+    free = disk.f_bavail * disk.f_frsize
+    room = f"{free // 1024} KiB" if free < 10 * 1024 * 1024 else f"{free // (1024 * 1024)} MiB"
+    return f" ({name}; {room} free on the file's disk)"

@@ -1555,6 +1555,38 @@ def test_a_replay_failing_on_its_store_says_dead_letters_unwritten_are_not_writt
     )
 
 
+def _on_a_full_disk(tmp_path: Path, script: str) -> subprocess.CompletedProcess[bytes]:
+    """``script`` (sh) run in a mount namespace of its own where ``tmp_path/disk`` is a
+    256 KiB tmpfs, gone with it; skipped where mounts are not allowed (not root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = f"mount -t tmpfs -o size=256k tmpfs {disk} && cd {disk} && {script}"
+    unshare = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+    try:
+        probe = subprocess.run([*unshare, "true"], capture_output=True, check=False, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("no unshare here to mount a small disk")
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace here: {probe.stderr.decode().strip()}")
+    return subprocess.run([*unshare, mount], capture_output=True, check=False, timeout=120)
+
+
+def test_a_full_disk_under_a_sqlite_store_is_said_so_not_an_io_error(tmp_path: Path) -> None:
+    # "cannot open SQLite database …: disk I/O error": no room for the -shm file beside
+    # the database read as a failing disk
+    limitflow_cmd = f"{sys.executable} -m limitflow store init --store sqlite:///$PWD/s.db"
+    result = _on_a_full_disk(
+        tmp_path,
+        f"{limitflow_cmd} && rm -f s.db-shm && (head -c 1000000 /dev/zero > filler 2>/dev/null; true)"
+        f" && {limitflow_cmd}",
+    )
+    assert result.returncode == 3, result.stderr.decode()
+    assert result.stderr.decode() == (
+        f"limitflow: store: cannot open SQLite database {tmp_path}/disk/s.db: disk I/O error"
+        " (SQLITE_IOERR_SHMSIZE; 0 KiB free on the file's disk)\n"
+    )
+
+
 def test_a_damaged_sqlite_store_is_one_line_and_exit_3(tmp_path: Path) -> None:
     source = write(tmp_path / "events.jsonl", FILE_A)
     rules = write(tmp_path / "rules.yaml", [RULES])
