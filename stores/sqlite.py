@@ -627,12 +627,16 @@ class SqliteStore(Store):
                 db, "events", _earliest(at, retention.event_seconds) if writes.events else None
             )
             # twice the rows added: a round of the sweep outpaces a table's growth
+            swept = []
             if now >= buckets_floor:
-                self._sweep(db, "buckets", "key", 2 * len(fresh_b) + 100, now)
+                swept.append(self._sweep(db, "buckets", "key", 2 * len(fresh_b) + 100, now))
             if now >= events_floor:
-                self._sweep(db, "events", "id", 2 * len(fresh_e) + 100, now)
+                swept.append(self._sweep(db, "events", "id", 2 * len(fresh_e) + 100, now))
             db.execute("COMMIT")
             self._has_meta = True
+            for table, reached, deleted in swept:  # once committed: a rollback deletes none
+                self._swept[table] = reached
+                self.expired_deleted += deleted
         except sqlite3.IntegrityError as exc:
             db.execute("ROLLBACK")
             raise ConflictError("a record was created since it was read") from exc
@@ -665,8 +669,13 @@ class SqliteStore(Store):
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, floor))
         return floor
 
-    def _sweep(self, db: sqlite3.Connection, table: str, key: str, rows: int, now: int) -> None:
-        """Delete the expired rows among the next ``rows`` of ``table`` (by ``key``)."""
+    def _sweep(
+        self, db: sqlite3.Connection, table: str, key: str, rows: int, now: int
+    ) -> tuple[str, str, int]:
+        """Delete the expired rows among the next ``rows`` of ``table`` (by ``key``):
+        ``table``, the key the next sweep starts after, and the rows deleted, to keep once
+        the transaction commits (a commit that failed on a full disk counted its sweep's
+        deletions, rolled back, in ``limitflow_store_expired_deleted``, and moved on)."""
         start = self._swept[table]
         found = db.execute(
             f"SELECT {key} FROM {table} WHERE {key} > ?"  # noqa: S608 - fixed names
@@ -678,15 +687,13 @@ class SqliteStore(Store):
                 f"DELETE FROM {table} WHERE {key} > ? AND expires_at < ?",  # noqa: S608
                 (start, now),
             )
-            self._swept[table] = ""
-        else:
-            deleted = db.execute(
-                f"DELETE FROM {table} WHERE {key} > ? AND {key} <= ?"  # noqa: S608
-                " AND expires_at < ?",
-                (start, found[0], now),
-            )
-            self._swept[table] = found[0]
-        self.expired_deleted += deleted.rowcount
+            return table, "", deleted.rowcount
+        deleted = db.execute(
+            f"DELETE FROM {table} WHERE {key} > ? AND {key} <= ?"  # noqa: S608
+            " AND expires_at < ?",
+            (start, found[0], now),
+        )
+        return table, found[0], deleted.rowcount
 
     async def close(self) -> None:
         self._db.close()

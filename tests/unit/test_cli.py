@@ -1577,7 +1577,8 @@ def test_a_full_disk_under_a_sqlite_store_is_said_so_not_an_io_error(tmp_path: P
     limitflow_cmd = f"{sys.executable} -m limitflow store init --store sqlite:///$PWD/s.db"
     result = _on_a_full_disk(
         tmp_path,
-        f"{limitflow_cmd} && rm -f s.db-shm && (head -c 1000000 /dev/zero > filler 2>/dev/null; true)"
+        f"{limitflow_cmd} && rm -f s.db-shm"
+        " && (head -c 1000000 /dev/zero > filler 2>/dev/null; true)"  # the disk filled
         f" && {limitflow_cmd}",
     )
     assert result.returncode == 3, result.stderr.decode()

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from contextlib import closing
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from handlers.decide import Decider, OutcomeKind
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
-from limitflow.errors import ConflictError, StoreRejected
+from limitflow.errors import ConflictError, StoreRejected, StoreUnavailable
 from schemas.events import EventType, parse_event
 from schemas.rules import load_rules, parse_rules
 from schemas.verdicts import Decision
@@ -330,6 +331,51 @@ async def test_expired_rows_are_deleted_as_commits_go_and_decisions_do_not_chang
         # only expired on read: deletion changes no decision
         (again,) = await engine.process([old[0]])
         assert again.kind is OutcomeKind.VERDICT
+    finally:
+        await store.close()
+
+
+class _CommitFails:
+    """A store's connection whose next COMMIT fails as on a full disk (the transaction
+    is left open, as SQLite leaves one whose commit failed)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql == "COMMIT":
+            raise sqlite3.OperationalError("database or disk is full")
+        return self.db.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.db, name)
+
+
+async def test_a_sweep_whose_commit_failed_deleted_nothing_and_counts_nothing(
+    tmp_path: Path,
+) -> None:
+    # its deletions, rolled back, were counted (limitflow_store_expired_deleted grew
+    # with each failed retry of a store outage) and its place in the table kept
+    now = [1_900_000_000.0]
+    url = f"sqlite:///{tmp_path / 'swept.db'}?bucket_retention_days=1&event_retention_days=2"
+    store = open_store(url, clock=lambda: now[0])
+    assert isinstance(store, SqliteStore)
+    await store.init()
+    rules = load_rules(str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"))
+    engine = Engine(Decider(rules), store)
+    try:
+        old = [_payment(f"old-{n}", "2030-03-17", n) for n in range(5)]
+        assert [r.decision for r in await engine.process(old)] == ["accept"] * 5
+        now[0] += 40 * 86_400  # past every expiry
+        real, swept = store._db, dict(store._swept)
+        store._db = _CommitFails(real)  # type: ignore[assignment]
+        with pytest.raises(StoreUnavailable, match="database or disk is full"):
+            await engine.process([_payment("new-1", "2030-04-26")])
+        store._db = real
+        assert (store.expired_deleted, store._swept) == (0, swept)
+        (fresh,) = await engine.process([_payment("new-1", "2030-04-26")])
+        assert fresh.decision == "accept"
+        assert store.expired_deleted == 5 + 8
     finally:
         await store.close()
 
