@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -616,3 +617,75 @@ def test_max_count_has_at_most_15_digits_as_amounts_do() -> None:
     assert parse_rules(one_rule("window: day\nmax_count: 999999999999999")).rules[0].max_count
     message = refusal(one_rule("window: day\nmax_count: 1000000000000000"))
     assert "max_count" in message and "<= 999999999999999" in message
+
+
+# --- libyaml's parser reads as PyYAML's own ---------------------------------------------
+
+_TRICKY = [
+    VALID,
+    (Path(__file__).resolve().parents[2] / "examples" / "rules.yaml").read_text(),
+    one_rule(
+        "window: day\ncurrency: CNY\nmax_count: 1\nmax_amount: 5000.10\n"
+        "match: {country: ['NO', SE], mcc: ['0742', 5411, 6011.0, 0, 6.011e3, 1e3, -2e-0],"
+        " atm: [true, False], day: [2026-01-01], t: [2026-01-01T10:00:00Z]}"
+    ),
+    "rules:\n"
+    "  - &base {id: a, window: day, max_count: 1, match: {channel: [atm]}}\n"
+    "  - <<: *base\n    id: b\n    window: month\n",
+    "\ufeffrules:\n  - {id: bom, window: week, timezone: Asia/Tokyo, max_count: 3}\n",
+    '{"rules": [{"id": "json", "window": "hour", "currency": "KWD", "max_amount": 1.234}]}',
+    "%YAML 1.1\n---\nrules:\n- id: 'q'\n  window: \"year\"\n  max_count: !!int '7'\n  scope:"
+    " [account_id, mcc]\n  match:\n    mcc:\n      - |-\n        5411\n      - >-\n        60\n\n"
+    "        11\n",
+    *(one_rule(f"window: day\nmax_count: 1\nmatch: {{code: [SE, {v}]}}") for v in ("NO", "0742")),
+    one_rule("window: day\nmax_count: 1\nmax_count: 100"),
+    "rules:\n  - id: a\n\twindow: day\n",
+    "a: &a [1,2]\nb: *c\n",
+    "rules: [{id: a, window: day, max_count: 1}]\n---\nrules: []\n",
+]
+
+
+def _reading(text: str) -> str:
+    try:
+        rules = parse_rules(text)
+    except RulesError as exc:
+        # a syntax error's wording is the parser's own: where it is, is the same
+        line = re.search(r"line (\d+)", str(exc))
+        return f"refused at line {line[1]}" if line else "refused"
+    return repr(
+        [
+            (
+                *(r.id, r.window, r.scope, r.timezone, r.currency, r.max_count, r.max_amount),
+                *((field, sorted(values)) for field, values in r.match),
+            )
+            for r in rules.rules
+        ]
+    )
+
+
+def test_libyaml_s_parser_reads_every_file_as_pyyaml_s_own() -> None:
+    # the rules loader is built on libyaml's parser, where PyYAML has it: each of these
+    # files gives the same rules, or is refused at the same line, as the pure-Python one
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    from schemas.rules import _RulesLoader
+
+    assert yaml.__with_libyaml__ and issubclass(_RulesLoader, yaml.CSafeLoader)
+    script = (
+        "import json, sys, yaml\n"
+        "del yaml.CSafeLoader\n"
+        "from tests.unit.test_rules import _TRICKY, _reading\n"
+        "print(json.dumps([_reading(text) for text in _TRICKY]))\n"
+    )
+    pure = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
+    assert json.loads(pure.stdout) == [_reading(text) for text in _TRICKY]

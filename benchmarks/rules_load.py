@@ -1,0 +1,86 @@
+"""Time and peak memory of reading a large rules file, as ``run`` and ``replay`` do at
+every start (``limitflow rules check`` reads it the same way).
+
+    python -m benchmarks.rules_load                     # 100, 1,000 and 5,000 rules
+    python -m benchmarks.rules_load --rules 1000 --mccs 50
+
+Each file holds rules of every window, in six zones and six currencies, most with a
+``match`` on channel and a list of ``--mccs`` MCCs (an issuer's file of limits by
+merchant category), written as YAML. Each is read in a new process (``load_rules``),
+so the peak RSS is that of the read alone. Not a test: figures vary with the machine's
+load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_WINDOWS = ("minute", "hour", "day", "week", "month", "year", "lifetime", "transaction")
+_ZONES = ("UTC", "Asia/Shanghai", "Europe/London", "America/New_York", "Asia/Tokyo", "Asia/Kolkata")
+_CURRENCIES = ("CNY", "USD", "EUR", "JPY", "KWD", "GBP")
+
+_READ = """
+import json, resource, sys, time
+t = time.perf_counter()
+from schemas.rules import load_rules
+rules = load_rules(sys.argv[1])
+seconds = time.perf_counter() - t
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+print(json.dumps({"rules": len(rules.rules), "seconds": seconds, "peak_mib": peak}))
+"""
+
+
+def rules_file(count: int, mccs: int, seed: int = 1) -> str:
+    """YAML for ``count`` rules, each with a match on channel and ``mccs`` MCCs."""
+    pick = random.Random(seed)
+    lines = ["rules:"]
+    for n in range(count):
+        window = _WINDOWS[n % len(_WINDOWS)]
+        currency = _CURRENCIES[n % len(_CURRENCIES)]
+        codes = ", ".join(f'"{pick.randrange(10_000):04d}"' for _ in range(mccs))
+        limit = "max_amount" if window == "transaction" else "max_count"
+        value = '"5000.00"' if limit == "max_amount" and currency != "JPY" else "9"
+        lines += [
+            f"  - id: rule-{n}",
+            f"    scope: {'[account_id, mcc]' if n % 3 else 'card_id'}",
+            f"    window: {window}",
+            f"    timezone: {_ZONES[n % len(_ZONES)]}",
+            f"    currency: {currency}",
+            f"    {limit}: {value}",
+            f"    match: {{channel: [pos, ecom], mcc: [{codes}]}}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rules", type=int, nargs="+", default=[100, 1000, 5000])
+    parser.add_argument("--mccs", type=int, default=200, help="MCCs in each rule's match")
+    args = parser.parse_args()
+    root = Path(__file__).resolve().parents[1]
+    print(f"{'rules':>6} {'file MB':>8} {'load s':>7} {'peak MiB':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for count in args.rules:
+            path = Path(tmp) / f"rules-{count}.yaml"
+            path.write_text(rules_file(count, args.mccs))
+            done = subprocess.run(
+                [sys.executable, "-c", _READ, str(path)],
+                cwd=root,
+                capture_output=True,
+                check=True,
+                text=True,
+            )
+            figures = json.loads(done.stdout)
+            assert figures["rules"] == count
+            size = path.stat().st_size / 1e6
+            print(f"{count:>6} {size:>8.1f} {figures['seconds']:>7.2f} {figures['peak_mib']:>9}")
+
+
+if __name__ == "__main__":
+    main()
