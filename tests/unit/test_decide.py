@@ -633,3 +633,41 @@ def test_a_batch_most_of_which_reading_fails_on_unexpectedly_fails_instead(
         asyncio.run(engine.process([Record(x.encode(), {"line": 1}) for x in lines]))
     assert isinstance(caught.value.__cause__, ArithmeticError)
     assert not store.data.events
+
+
+class _Reads:
+    """A memory store whose reads are noted (the bucket keys of each)."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.buckets: list[set[str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def load(self, keys: Any) -> Any:
+        self.buckets.append(set(keys.buckets))
+        return await self.inner.load(keys)
+
+
+def test_an_event_too_many_rules_apply_to_is_dead_lettered_without_reading_its_buckets() -> None:
+    # each of its buckets was read from the store first: with 1,000 rules applying to
+    # every event (a rules change gone wide), a replay dead-lettered ~400 events a second
+    many = "rules:\n" + "".join(
+        f"  - {{id: r{n}, scope: merchant_id, window: day, max_count: 5}}\n" for n in range(201)
+    )
+    store = _Reads()
+    first = Engine(Decider(parse_rules(RULES)), store)  # type: ignore[arg-type]
+    decided = asyncio.run(first.process([Record(pay("p1", "10.00", merchant_id="m").encode(), {})]))
+    assert decided[0].kind is OutcomeKind.VERDICT
+    wide = Engine(Decider(parse_rules(many)), store)  # type: ignore[arg-type]
+    store.buckets.clear()
+    lines = [pay("p2", "10.00", merchant_id="m"), pay("p1", "10.00", merchant_id="m")]
+    dead, duplicate = asyncio.run(
+        wide.process([Record(line.encode(), {"line": n}) for n, line in enumerate(lines)])
+    )
+    assert (dead.kind, dead.error) == (OutcomeKind.DEAD_LETTER, "invalid_event")
+    assert "201 rules apply to this event; at most 200" in (dead.detail or "")
+    # decided before the rules grew: still its verdict, as its own record says
+    assert (duplicate.kind, duplicate.verdict) == (OutcomeKind.DUPLICATE, decided[0].verdict)
+    assert store.buckets == [set()]
