@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import calendar
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
 from typing import Final
 
 from schemas import zones
@@ -27,7 +26,13 @@ Periods = tuple[dict[Window, str], dict[Window, int | None]]
 
 _CACHE_LIMIT: Final = 20_000
 """Epoch minutes a clock keeps the periods of (~1.4 KB each: keys and ends): two weeks
-of minutes, 28 MB at most, whatever the spread of a replay's events."""
+of minutes, 28 MB at most, whatever the spread of a replay's events; less where rules
+are in many zones (``_CACHE_BUDGET``)."""
+_CACHE_BUDGET: Final = 120_000
+"""Epoch minutes all clocks keep together, ~170 MB: up to 6 zones, each keeps
+``_CACHE_LIMIT``; with more, each an equal share, a day at least (rules in 100 zones
+kept 28 MB in each, 2.8 GB once their events spanned two weeks)."""
+_DAY_OF_MINUTES: Final = 1_440
 
 
 def period_key(window: Window, local: datetime) -> str:
@@ -117,7 +122,7 @@ class PeriodClock:
         ``periods`` works out each."""
         found = self._cache.get(minute, _UNKNOWN)
         if found is _UNKNOWN:
-            if len(self._cache) >= _CACHE_LIMIT:
+            if len(self._cache) >= _cache_limit:
                 self._cache.clear()
             local = datetime.fromtimestamp(minute * 60, self._zone)
             last = datetime.fromtimestamp(minute * 60 + 59, self._zone)
@@ -139,7 +144,18 @@ def _periods_of(local: datetime) -> Periods:
     )
 
 
-@lru_cache(maxsize=64)
+_clocks: dict[str, PeriodClock] = {}
+_cache_limit = _CACHE_LIMIT
+"""Epoch minutes each clock keeps, by the number of clocks (``_CACHE_BUDGET``)."""
+
+
 def clock_for(zone: str) -> PeriodClock:
-    """The shared ``PeriodClock`` of a zone."""
-    return PeriodClock(zone)
+    """The shared ``PeriodClock`` of a zone: one per zone. (An LRU cache of 64 made rules
+    in more zones each a clock of its own as they were compiled, 374 for 100 zones, each
+    with its own cache of minutes.)"""
+    global _cache_limit
+    clock = _clocks.get(zone)
+    if clock is None:
+        clock = _clocks[zone] = PeriodClock(zone)
+        _cache_limit = max(_DAY_OF_MINUTES, min(_CACHE_LIMIT, _CACHE_BUDGET // len(_clocks)))
+    return clock

@@ -342,3 +342,30 @@ def test_zones_come_from_the_tzdata_package_whatever_the_host_holds(tmp_path: Pa
         zoneinfo.reset_tzpath()
         zoneinfo.ZoneInfo.clear_cache()
         zones.zone.cache_clear()
+
+
+def test_rules_in_many_zones_share_one_clock_a_zone_and_a_budget_of_minutes() -> None:
+    # clock_for was an LRU cache of 64: rules in 100 zones, compiled zone after zone,
+    # each found its zone's clock evicted and made another (374 clocks for 1,000 rules),
+    # each keeping up to two weeks of minutes (~28 MB)
+    from handlers import periods
+    from handlers.decide import Decider
+
+    names = [
+        z
+        for z in sorted(zoneinfo.available_timezones())
+        if z.startswith(("America/", "Europe/", "Asia/"))
+    ][:100]
+    text = "rules:\n" + "".join(
+        f"  - {{id: r{n}, window: day, max_count: 1, timezone: {zone}}}\n"
+        for n, zone in enumerate(names * 3)
+    )
+    decider = Decider(parse_rules(text))
+    assert len({id(c.clock) for c in decider._compiled}) == 100
+    assert len(periods._clocks) >= 100  # and those of other tests
+    assert periods._cache_limit == 1_440  # a day of minutes each: 120,000 / 100 and more
+    clock = clock_for(names[0])
+    first = epoch("2026-01-01T00:00:00Z") // 60
+    for minute in range(first, first + 1_450):
+        clock.minute_periods(minute)
+    assert 0 < len(clock._cache) <= 1_440
