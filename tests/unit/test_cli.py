@@ -1526,25 +1526,8 @@ def test_a_replay_failing_on_its_store_says_dead_letters_unwritten_are_not_writt
     # the dead letters of the lines said "decided and written" were in the file's buffer:
     # its flush failed on the full disk as the replay ended, unsaid, and the lines were
     # not in the file (a pipe's cannot be read again)
-    rules = write(tmp_path / "rules.yaml", [RULES])
-    store = ["--store", f"sqlite:///{tmp_path / 'state.db'}"]
-    first = write(tmp_path / "events.jsonl", [pay("p1")])
-    made = limitflow(
-        *("replay", "--rules", str(rules), "--input", str(first), "--output", "v0"),
-        *(*store, "--dead-letter", "d0"),
-        cwd=tmp_path,
-    )
-    assert made.returncode == 0, made.stderr.decode()
-    with closing(sqlite3.connect(tmp_path / "state.db")) as db:
-        db.execute("UPDATE events SET type = 'refund'")  # p1's record: not limitflow's
-        db.commit()
     lines = [pay("n1"), "not json", pay("p1"), pay("n3")]
-    result = limitflow(
-        *("replay", "--rules", str(rules), "--input", "-", "--output", "v1.jsonl"),
-        *(*store, "--dead-letter", "/dev/full", "--batch-size", "2"),
-        cwd=tmp_path,
-        stdin="\n".join(lines).encode() + b"\n",
-    )
+    result = _replay_meeting_a_damaged_record(tmp_path, lines, "/dev/full")
     assert result.returncode == 3
     reason = one_line_reason(result)
     assert "a stored record cannot be read" in reason
@@ -1677,34 +1660,36 @@ def test_a_stored_record_limitflow_did_not_write_is_one_line_and_exit_3(tmp_path
     assert "a stored record cannot be read" in one_line_reason(result)
 
 
-def test_a_replay_from_a_pipe_that_fails_says_which_lines_it_decided(tmp_path: Path) -> None:
-    # "store: …" alone: the lines of a pipe cannot be read again, and which of them the
-    # outputs hold was left to be counted there
+def _replay_meeting_a_damaged_record(
+    tmp_path: Path, lines: list[str], dead_letter: str
+) -> subprocess.CompletedProcess[bytes]:
+    """A replay of ``lines`` from a pipe, in batches of 2, on a sqlite store whose record
+    of ``p1`` is not limitflow's: the batch with ``p1`` fails; verdicts in v1.jsonl."""
     rules = write(tmp_path / "rules.yaml", [RULES])
-    store = ["--store", f"sqlite:///{tmp_path / 'state.db'}", "--dead-letter", "d.jsonl"]
+    store = ["--store", f"sqlite:///{tmp_path / 'state.db'}"]
     first = write(tmp_path / "events.jsonl", [pay("p1")])
     made = limitflow(
-        "replay",
-        "--rules",
-        str(rules),
-        "--input",
-        str(first),
-        "--output",
-        "v0",
-        *store,
+        *("replay", "--rules", str(rules), "--input", str(first), "--output", "v0"),
+        *(*store, "--dead-letter", "d0"),
         cwd=tmp_path,
     )
     assert made.returncode == 0, made.stderr.decode()
     with closing(sqlite3.connect(tmp_path / "state.db")) as db:
         db.execute("UPDATE events SET type = 'refund'")  # p1's record: not limitflow's
         db.commit()
-    lines = [pay("n1"), pay("n2"), "", pay("p1"), pay("n3")]
-    result = limitflow(
+    return limitflow(
         *("replay", "--rules", str(rules), "--input", "-", "--output", "v1.jsonl"),
-        *(*store, "--batch-size", "2"),
+        *(*store, "--dead-letter", dead_letter, "--batch-size", "2"),
         cwd=tmp_path,
         stdin="\n".join(lines).encode() + b"\n",
     )
+
+
+def test_a_replay_from_a_pipe_that_fails_says_which_lines_it_decided(tmp_path: Path) -> None:
+    # "store: …" alone: the lines of a pipe cannot be read again, and which of them the
+    # outputs hold was left to be counted there
+    lines = [pay("n1"), pay("n2"), "", pay("p1"), pay("n3")]
+    result = _replay_meeting_a_damaged_record(tmp_path, lines, "d.jsonl")
     assert result.returncode == 3
     reason = one_line_reason(result)
     assert "a stored record cannot be read" in reason

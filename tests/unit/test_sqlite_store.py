@@ -297,17 +297,23 @@ def test_processes_opening_a_file_made_before_born_together_all_succeed(
                 assert columns.count("born") == 1
 
 
+async def _expiring_store(path: Path, now: list[float]) -> tuple[SqliteStore, Engine]:
+    """A sqlite store at ``path`` whose buckets expire after a day and event records
+    after two, on the clock ``now[0]``, and an engine of the example rules on it."""
+    url = f"sqlite:///{path}?bucket_retention_days=1&event_retention_days=2"
+    store = open_store(url, clock=lambda: now[0])
+    assert isinstance(store, SqliteStore)
+    await store.init()
+    rules = load_rules(str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"))
+    return store, Engine(Decider(rules), store)
+
+
 async def test_expired_rows_are_deleted_as_commits_go_and_decisions_do_not_change(
     tmp_path: Path,
 ) -> None:
     # a long-running consumer's file must stop growing once its oldest records expire
     now = [1_900_000_000.0]
-    url = f"sqlite:///{tmp_path / 'purged.db'}?bucket_retention_days=1&event_retention_days=2"
-    store = open_store(url, clock=lambda: now[0])
-    assert isinstance(store, SqliteStore)
-    await store.init()
-    rules = load_rules(str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"))
-    engine = Engine(Decider(rules), store)
+    store, engine = await _expiring_store(tmp_path / "purged.db", now)
     payment = _payment
 
     def rows() -> tuple[int, int]:
@@ -357,12 +363,7 @@ async def test_a_sweep_whose_commit_failed_deleted_nothing_and_counts_nothing(
     # its deletions, rolled back, were counted (limitflow_store_expired_deleted grew
     # with each failed retry of a store outage) and its place in the table kept
     now = [1_900_000_000.0]
-    url = f"sqlite:///{tmp_path / 'swept.db'}?bucket_retention_days=1&event_retention_days=2"
-    store = open_store(url, clock=lambda: now[0])
-    assert isinstance(store, SqliteStore)
-    await store.init()
-    rules = load_rules(str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"))
-    engine = Engine(Decider(rules), store)
+    store, engine = await _expiring_store(tmp_path / "swept.db", now)
     try:
         old = [_payment(f"old-{n}", "2030-03-17", n) for n in range(5)]
         assert [r.decision for r in await engine.process(old)] == ["accept"] * 5
