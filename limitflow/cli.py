@@ -10,7 +10,7 @@ import signal
 import stat
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from typing import IO, TYPE_CHECKING, Any, BinaryIO, ClassVar, cast
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, ClassVar, Final, cast
 
 from limitflow.console import StdoutFailed, out, say, to_devnull
 from limitflow.errors import (
@@ -378,6 +378,10 @@ async def _replay_with(args: argparse.Namespace, signals: _Signals) -> int:
     return EXIT_OK
 
 
+_AGAIN: Final = ": replay the same input on the same store to write them"
+"""What a failed replay whose output lines are not all written says to do."""
+
+
 def _decided(summary: ReplaySummary, outputs: tuple[BinaryIO, BinaryIO], *, stored: bool) -> str:
     """What a replay that failed in deciding or reading had done before (``ReplaySummary``):
     the lines of the batches decided and written (and stored, unless a dry run). Written
@@ -385,7 +389,7 @@ def _decided(summary: ReplaySummary, outputs: tuple[BinaryIO, BinaryIO], *, stor
     said written were not all there (a pipe's cannot be read again)."""
     if not summary.lines:
         return ""
-    before = f"; before it, {_count(summary.lines, 'event')} (input lines 1-{summary.last_line})"
+    before = _before(summary.lines, summary.last_line)
     try:
         for output in outputs:
             output.flush()
@@ -396,7 +400,7 @@ def _decided(summary: ReplaySummary, outputs: tuple[BinaryIO, BinaryIO], *, stor
             return f"{before} were decided, but not all their output lines written ({exc.strerror})"
         return (
             f"{before} were decided and stored, but not all their output lines written"
-            f" ({exc.strerror}): replay the same input on the same store to write them"
+            f" ({exc.strerror}){_AGAIN}"
         )
     return f"{before} were decided and written"
 
@@ -407,11 +411,13 @@ def _kept(summary: ReplaySummary) -> str:
     their events repeat their verdicts: every line is then written."""
     if not summary.decided:
         return ""
-    return (
-        f"; before it, {_count(summary.decided, 'event')} (input lines"
-        f" 1-{summary.decided_last_line}) were decided and stored, not all their output lines"
-        " written: replay the same input on the same store to write them"
-    )
+    before = _before(summary.decided, summary.decided_last_line)
+    return f"{before} were decided and stored, not all their output lines written{_AGAIN}"
+
+
+def _before(events: int, last_line: int) -> str:
+    """The events a failed replay had decided: "; before it, 2 events (input lines 1-2)"."""
+    return f"; before it, {_count(events, 'event')} (input lines 1-{last_line})"
 
 
 def _count(n: int, noun: str) -> str:
