@@ -155,9 +155,15 @@ class _RulesLoader(_SafeLoader):
     (``<<: *base``) work as in YAML, overriding what they merge.
     """
 
+    may_alias = True
+    """Whether the text may hold an alias (a ``*``): a file without one is not walked to
+    count what aliases repeat (a third of reading a large file)."""
+
     def construct_document(self, node: yaml.Node) -> Any:
         """Refuse a document whose aliases repeat more than ``_MOST_VALUES`` values (a
         few hundred bytes of nested aliases expand to gigabytes when walked)."""
+        if not self.may_alias:
+            return super().construct_document(node)
         sizes: dict[int, int] = {}
 
         def expanded(each: yaml.Node) -> int:
@@ -386,7 +392,12 @@ def _compile(doc: RuleDoc) -> Rule:
 def parse_rules(text: str | bytes) -> RuleSet:
     """Validate a rules file (YAML or JSON) and compile it."""
     try:
-        data: Any = yaml.load(text, Loader=_RulesLoader)  # noqa: S506 - a SafeLoader
+        loader = _RulesLoader(text)  # yaml.load's steps, with may_alias set
+        try:
+            loader.may_alias = ("*" if isinstance(text, str) else b"*") in text  # type: ignore[operator]
+            data: Any = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.constructor.ConstructorError as exc:  # valid YAML, refused by _RulesLoader
         raise RulesError(f"rules file: {_yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
