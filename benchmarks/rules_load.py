@@ -1,14 +1,18 @@
 """Time and peak memory of reading a large rules file, as ``run`` and ``replay`` do at
-every start (``limitflow rules check`` reads it the same way).
+every start (``limitflow rules check`` reads it the same way), and how fast events are
+then decided against it.
 
     python -m benchmarks.rules_load                     # 100, 1,000 and 5,000 rules
     python -m benchmarks.rules_load --rules 1000 --mccs 50
 
-Each file holds rules of every window, in six zones and six currencies, most with a
+Each file holds rules of every window, in six zones and six currencies, each with a
 ``match`` on channel and a list of ``--mccs`` MCCs (an issuer's file of limits by
 merchant category), written as YAML. Each is read in a new process (``load_rules``),
-so the peak RSS is that of the read alone. Not a test: figures vary with the machine's
-load.
+so the peak RSS is that of the read alone. The same process then plans and decides
+``--events`` payments in time order, in the six currencies, over 10,000 MCCs, three
+channels and 5,000 accounts, on the compiled path (the first event of each currency,
+which builds that currency's ``RuleIndex``, included), and on the Python path alone.
+Not a test: figures vary with the machine's load.
 """
 
 from __future__ import annotations
@@ -32,7 +36,25 @@ from schemas.rules import load_rules
 rules = load_rules(sys.argv[1])
 seconds = time.perf_counter() - t
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-print(json.dumps({"rules": len(rules.rules), "seconds": seconds, "peak_mib": peak}))
+from handlers.decide import Decider
+from handlers.state import Snapshot, WorkingState
+from schemas.events import parse_event
+from streams.engine import fewer_collections
+with open(sys.argv[2], "rb") as lines:
+    events = [parse_event(line) for line in lines]
+rates, applied = [], 0
+for compiled in (True, False):
+    decider = Decider(rules, compiled=compiled)
+    state = WorkingState(Snapshot())
+    with fewer_collections():
+        started = time.perf_counter()
+        for event in events:
+            plan = decider.plan(event)
+            applied += len(plan)
+            decider.decide(event, plan, state)
+        rates.append(len(events) / (time.perf_counter() - started))
+print(json.dumps({"rules": len(rules.rules), "seconds": seconds, "peak_mib": peak,
+                  "compiled": rates[0], "python": rates[1], "applied": applied / 2 / len(events)}))
 """
 
 
@@ -58,19 +80,46 @@ def rules_file(count: int, mccs: int, seed: int = 1) -> str:
     return "\n".join(lines) + "\n"
 
 
+def events_file(count: int, seed: int = 3) -> str:
+    """``count`` payments, one JSON line each, ten a second from 2026-03-01 UTC."""
+    pick = random.Random(seed)
+    lines = []
+    for n in range(count):
+        currency = _CURRENCIES[pick.randrange(len(_CURRENCIES))]
+        doc = {
+            "event_id": f"e{n}",
+            "account_id": f"a{pick.randrange(5_000)}",
+            "card_id": f"c{pick.randrange(9_000)}",
+            "amount": {"JPY": "900", "KWD": "1.500"}.get(currency, "12.34"),
+            "currency": currency,
+            "occurred_at": f"2026-03-01T{n // 36_000 % 24:02d}:{n // 600 % 60:02d}:"
+            f"{n // 10 % 60:02d}.{n % 10}Z",
+            "channel": ("pos", "ecom", "atm")[pick.randrange(3)],
+            "mcc": f"{pick.randrange(10_000):04d}",
+        }
+        lines.append(json.dumps(doc))
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rules", type=int, nargs="+", default=[100, 1000, 5000])
     parser.add_argument("--mccs", type=int, default=200, help="MCCs in each rule's match")
+    parser.add_argument("--events", type=int, default=20_000, help="payments to decide")
     args = parser.parse_args()
     root = Path(__file__).resolve().parents[1]
-    print(f"{'rules':>6} {'file MB':>8} {'load s':>7} {'peak MiB':>9}")
+    print(
+        f"{'rules':>6} {'file MB':>8} {'load s':>7} {'peak MiB':>9}"
+        f" {'rules/event':>12} {'decided/s':>10} {'Python path/s':>14}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
+        stream = Path(tmp) / "events.jsonl"
+        stream.write_text(events_file(args.events))
         for count in args.rules:
             path = Path(tmp) / f"rules-{count}.yaml"
             path.write_text(rules_file(count, args.mccs))
             done = subprocess.run(
-                [sys.executable, "-c", _READ, str(path)],
+                [sys.executable, "-c", _READ, str(path), str(stream)],
                 cwd=root,
                 capture_output=True,
                 check=True,
@@ -79,7 +128,11 @@ def main() -> None:
             figures = json.loads(done.stdout)
             assert figures["rules"] == count
             size = path.stat().st_size / 1e6
-            print(f"{count:>6} {size:>8.1f} {figures['seconds']:>7.2f} {figures['peak_mib']:>9}")
+            print(
+                f"{count:>6} {size:>8.1f} {figures['seconds']:>7.2f} {figures['peak_mib']:>9}"
+                f" {figures['applied']:>12.2f} {figures['compiled']:>10,.0f}"
+                f" {figures['python']:>14,.0f}"
+            )
 
 
 if __name__ == "__main__":

@@ -577,6 +577,8 @@ cdef class FastCore:
     cdef object reason_in
     """``OutcomeKind.DUPLICATE``, and what gives the reason a stored verdict names; None:
     resends take the Python path."""
+    cdef object index_for
+    """What gives the ``RuleIndex`` of a currency's rules (None: they are tested in turn)."""
     cdef _Out head
     cdef _Out violations
     cdef _Out limits
@@ -590,7 +592,7 @@ cdef class FastCore:
 
     def __init__(self, compiled_rules, version, applied_type, outcome_type, verdict_kind,
                  escape, short_key, ceiling, python_plan, python_decide, python_payment,
-                 duplicate_kind=None, reason_in=None):
+                 duplicate_kind=None, reason_in=None, index_for=None):
         global _C_FAST
         cdef Py_ssize_t i
         self.clocks = []
@@ -625,16 +627,49 @@ cdef class FastCore:
         self.python_payment = python_payment
         self.duplicate_kind = duplicate_kind
         self.reason_in = reason_in
+        self.index_for = index_for
         self.head, self.violations, self.limits = _Out(), _Out(), _Out()
 
     cdef tuple _candidates(self, object currency):
+        """The rules that can apply to events of a currency, and what their
+        ``RuleIndex`` holds (``always``, ``tables``, ``scoped``) or None."""
         cdef object key = currency or ""
         cdef PyObject* found = PyDict_GetItem(self.by_currency, key)
         if found != NULL:
             return <tuple>found
         chosen = tuple(r for r in self.rules if (<_Rule>r).currency in (None, currency))
-        self.by_currency[key] = chosen
-        return chosen
+        index = (
+            None if self.index_for is None
+            else self.index_for(tuple((<_Rule>r).compiled for r in chosen))
+        )
+        entry = (chosen, None if index is None else (index.always, index.tables, index.scoped))
+        self.by_currency[key] = entry
+        return entry
+
+    cdef object _chosen(self, tuple rules, tuple index, dict fields):
+        """``RuleIndex.select`` of ``rules`` as the rules themselves, in order; None,
+        for the Python path, when a field the rules scope or are indexed by is not a
+        string."""
+        cdef object value
+        cdef PyObject* filed
+        cdef list found
+        cdef tuple entry
+        for value in <tuple>index[2]:
+            value = fields.get(value)
+            if value is not None and type(value) is not str:
+                return None
+        found = list(<tuple>index[0])
+        for entry in <tuple>index[1]:
+            value = fields.get(entry[0], entry[1])
+            if value is None:
+                continue
+            if type(value) is not str:
+                return None
+            filed = PyDict_GetItem(<dict>entry[2], value)
+            if filed != NULL:
+                found.extend(<tuple>filed)
+        found.sort()
+        return tuple([rules[<Py_ssize_t>position] for position in found])
 
     cdef tuple _periods(self, int clock, long long epoch):
         """The period keys of ``epoch`` in a clock's zone and their ends
@@ -667,12 +702,20 @@ cdef class FastCore:
         cdef _Rule r
         cdef object raw, value, tail, period, key, end
         cdef long long epoch, minute
-        cdef tuple entry
+        cdef tuple entry, rules
+        cdef object chosen
         cdef list parts
         cdef bint skip
         epoch = _E_EPOCH.get(event)
         minute = epoch // 60
-        for r in self._candidates(_E_CURRENCY.get(event)):
+        entry = self._candidates(_E_CURRENCY.get(event))
+        rules = <tuple>entry[0]
+        if entry[1] is not None:
+            chosen = self._chosen(rules, <tuple>entry[1], fields)
+            if chosen is None:
+                return None
+            rules = <tuple>chosen
+        for r in rules:
             if r.simple_scope is not None:
                 raw = fields.get(r.simple_scope, r.absent_as)
                 if raw is None:

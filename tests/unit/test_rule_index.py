@@ -1,0 +1,178 @@
+"""Large rule sets find an event's rules by its match values (``RuleIndex``): the
+rules that apply, their order and every decision are those of testing each in turn."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from handlers import decide
+from handlers.decide import Decider
+from handlers.state import Snapshot, WorkingState
+from schemas.events import parse_event
+from schemas.rules import parse_rules
+from tests.unit.test_fastcore import _SCALAR, both, outcomes
+
+
+def _mcc_rules(count: int, **more: Any) -> str:
+    """``count`` rules, the n-th matching MCC n (and ``more``, for each)."""
+    rules = [
+        {"id": f"mcc-{n}", "window": "day", "max_count": 1, "match": {"mcc": [str(n)]}, **more}
+        for n in range(count)
+    ]
+    return json.dumps({"rules": rules})
+
+
+def _pay(event_id: str, **fields: Any) -> str:
+    doc = {
+        "event_id": event_id,
+        "account_id": "a1",
+        "amount": "1",
+        "currency": "CNY",
+        "occurred_at": "2026-03-14T10:00:00Z",
+        **fields,
+    }
+    return json.dumps(doc, default=str)
+
+
+@pytest.fixture
+def indexed_from_8(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(decide, "INDEX_FROM", 8)
+    yield
+
+
+def test_an_event_is_planned_against_the_rules_filed_under_its_values_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both paths find the rule of the event's MCC through the index (which each asks for
+    once per currency), not by testing the other 199."""
+    built: list[int] = []
+    real = decide.rule_index
+
+    def counted(rules: Any) -> Any:
+        built.append(len(rules))
+        return real(rules)
+
+    monkeypatch.setattr(decide, "rule_index", counted)
+    rules = parse_rules(_mcc_rules(200))
+    for decider in both(rules):
+        for n in (7, 150, 7):
+            plan = decider.plan(parse_event(_pay(f"e{n}", mcc=str(n))))
+            assert [a.rule.rule.id for a in plan] == [f"mcc-{n}"]
+        assert decider.plan(parse_event(_pay("none", mcc="9999"))) == ()
+    assert built == [200, 200]
+
+
+def test_a_number_finds_the_rule_that_lists_its_value(indexed_from_8: None) -> None:
+    rules = parse_rules(_mcc_rules(20))
+    for decider in both(rules):
+        for value in ("6", "6.0", "6.00", "6e0", '"6"'):  # as the JSON has it
+            line = _pay("e", mcc="?").replace('"?"', value)
+            plan = decider.plan(parse_event(line))
+            assert [a.rule.rule.id for a in plan] == ["mcc-6"], value
+        assert decider.plan(parse_event(_pay("e", mcc="06"))) == ()
+
+
+def test_rules_that_apply_keep_the_file_s_order(indexed_from_8: None) -> None:
+    """Rules filed under different fields and values, and rules without a match, come out
+    in the order the file gives them, as the verdict lists their limits."""
+    rules = [
+        {"id": "any-day", "window": "day", "max_count": 9},
+        {"id": "by-channel", "window": "day", "max_count": 9, "match": {"channel": ["pos"]}},
+        {"id": "by-mcc", "window": "hour", "max_count": 9, "match": {"mcc": ["5411", "1"]}},
+        *[
+            {"id": f"other-{n}", "window": "day", "max_count": 9, "match": {"mcc": [f"9{n}"]}}
+            for n in range(8)
+        ],
+        {"id": "both", "window": "week", "max_count": 9,
+         "match": {"channel": ["pos", "atm"], "mcc": ["5411"]}},
+        {"id": "any-month", "window": "month", "max_count": 9},
+    ]  # fmt: skip
+    for decider in both(parse_rules(json.dumps({"rules": rules}))):
+        plan = decider.plan(parse_event(_pay("e", mcc="5411", channel="pos")))
+        ids = ["any-day", "by-channel", "by-mcc", "both", "any-month"]
+        assert [a.rule.rule.id for a in plan] == ids
+        plan = decider.plan(parse_event(_pay("e", mcc="5411", channel="ecom")))
+        assert [a.rule.rule.id for a in plan] == ["any-day", "by-mcc", "any-month"]
+
+
+def test_a_list_where_a_rule_scopes_is_refused_whether_or_not_its_match_holds(
+    indexed_from_8: None,
+) -> None:
+    """As when every rule is tested in turn: a field that a rule of the event's currency
+    scopes by holds a list, so the event is a dead letter, even where that rule's match
+    leaves it out."""
+    rules = parse_rules(_mcc_rules(20, scope="card_id"))
+    for decider in both(rules):
+        got = outcomes(decider, [_pay("e", mcc="9999", card_id=["c1"])], WorkingState(Snapshot()))
+        assert got[0][0] == "rejected", got
+        assert "card_id: a rule scopes by this field" in got[0][2]
+
+
+_FIELDS = ["channel", "mcc", "merchant_id", "type"]
+_VALUES = st.one_of(st.sampled_from(["atm", "pos", "1", "2", "5411", "payment"]), _SCALAR)
+
+
+@st.composite
+def large_rule_files(draw: st.DrawFn) -> str:
+    rules = []
+    for n in range(draw(st.integers(min_value=8, max_value=30))):
+        rule: dict[str, Any] = {
+            "id": f"r{n}",
+            "window": draw(st.sampled_from(["transaction", "minute", "day", "lifetime"])),
+            "scope": draw(st.sampled_from(["account_id", "card_id", ["card_id", "mcc"]])),
+            "currency": "CNY",
+        }
+        if rule["window"] == "transaction":
+            rule["max_amount"] = draw(st.sampled_from(["2", "5"]))
+        else:
+            rule["max_count"] = draw(st.integers(min_value=0, max_value=2))
+            if draw(st.booleans()):
+                del rule["currency"]
+        match = {}
+        for name in draw(st.lists(st.sampled_from(_FIELDS), max_size=3, unique=True)):
+            values = st.sampled_from(["atm", "pos", "ecom", "1", "2", "5411", "payment", 1, 2])
+            match[name] = draw(st.lists(values, min_size=1, max_size=4))
+        if match:
+            rule["match"] = match
+        rules.append(rule)
+    return json.dumps({"rules": rules})
+
+
+@st.composite
+def events(draw: st.DrawFn) -> list[str]:
+    lines = []
+    for n in range(draw(st.integers(min_value=1, max_value=12))):
+        fields = {name: draw(_VALUES) for name in _FIELDS if draw(st.booleans())}
+        if "type" in fields and fields["type"] != "payment":
+            del fields["type"]
+        if draw(st.booleans()):
+            fields["card_id"] = draw(st.one_of(st.sampled_from(["c1", "c2"]), _SCALAR))
+        amount = draw(st.sampled_from(["1", "3"]))
+        lines.append(_pay(f"e{n}", amount=amount, **fields))
+    return lines
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rules=large_rule_files(), lines=events())
+def test_any_stream_is_decided_as_when_every_rule_is_tested(rules: str, lines: list[str]) -> None:
+    ruleset = parse_rules(rules)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decide, "INDEX_FROM", 10**9)
+        reference = Decider(ruleset, compiled=False)
+        expected_state = WorkingState(Snapshot())
+        expected = outcomes(reference, lines, expected_state)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decide, "INDEX_FROM", 8)
+        for decider in both(ruleset):
+            state = WorkingState(Snapshot())
+            assert outcomes(decider, lines, state) == expected
+            assert state.snapshot == expected_state.snapshot
+        found: dict[str, Any] = vars(decider)["_by_currency"]  # the Python path's
+    if any(rule.match for rule in ruleset.rules):
+        assert [index is not None for _, index in found.values()] == [True]
