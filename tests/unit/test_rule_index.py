@@ -176,3 +176,19 @@ def test_any_stream_is_decided_as_when_every_rule_is_tested(rules: str, lines: l
         found: dict[str, Any] = vars(decider)["_by_currency"]  # the Python path's
     if any(rule.match for rule in ruleset.rules):
         assert [index is not None for _, index in found.values()] == [True]
+
+
+def test_rules_share_one_copy_of_each_match_value_and_list() -> None:
+    """Planning reads the values an event's candidates allow: one copy each, not one per
+    rule that lists them (``_compile``)."""
+    text = """
+rules:
+  - {id: a, window: day, max_count: 1, match: {mcc: ["5411", "5812"], channel: [pos]}}
+  - {id: b, window: day, max_count: 1, match: {mcc: ["5411", "5812"]}}
+  - {id: c, window: day, max_count: 1, scope: [card_id, mcc], match: {mcc: [5411, "7995"]}}
+"""
+    a, b, c = parse_rules(text).rules
+    assert a.match[0][1] is b.match[0][1]  # an equal list: one set
+    first = {value: value for value in a.match[0][1]}
+    assert next(v for v in c.match[0][1] if v == "5411") is first["5411"]
+    assert a.match[0][0] is b.match[0][0] is c.match[0][0] is c.scope[1]
