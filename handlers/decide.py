@@ -247,6 +247,9 @@ class Decider:
         self._by_currency: dict[str, tuple[tuple[_CompiledRule, ...], RuleIndex | None]] = {}
         """Rules that can apply to events of a currency, and their index when they have
         one, filled on first sight."""
+        self._indexes: dict[tuple[_CompiledRule, ...], RuleIndex | None] = {}
+        """The index of each set of candidates: currencies whose events the same rules
+        can apply to (all those without a rule of their own) share one."""
         self._fast = (
             _fastcore.FastCore(
                 self._compiled,
@@ -262,7 +265,7 @@ class Decider:
                 self._payment,
                 OutcomeKind.DUPLICATE,
                 _reason_in,
-                rule_index,
+                self._index_for,
             )
             if compiled and _fastcore is not None
             else None
@@ -296,7 +299,7 @@ class Decider:
         found = self._by_currency.get(event.currency or "")
         if found is None:
             rules = tuple(c for c in self._compiled if c.currency in (None, event.currency))
-            found = self._by_currency[event.currency or ""] = (rules, rule_index(rules))
+            found = self._by_currency[event.currency or ""] = (rules, self._index_for(rules))
         candidates: Sequence[_CompiledRule] = found[0]
         if found[1] is not None:
             chosen = found[1].select(fields)
@@ -346,6 +349,14 @@ class Decider:
 
     _plan = plan
     """The Python path's ``plan``, also where an instance's ``plan`` is the compiled one."""
+
+    def _index_for(self, rules: tuple[_CompiledRule, ...]) -> RuleIndex | None:
+        """The ``RuleIndex`` of a currency's candidates, shared by every currency that has
+        the same: 150 currencies seen by 5,000 rules of none would otherwise each index
+        them (~8 MiB each with 200 MCCs a rule)."""
+        if rules not in self._indexes:
+            self._indexes[rules] = rule_index(rules)
+        return self._indexes[rules]
 
     @staticmethod
     def keys(events: Sequence[Event], plans: Sequence[tuple[Applied, ...]]) -> Keys:
