@@ -46,19 +46,25 @@ def indexed_from_8(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def test_an_event_is_planned_against_the_rules_filed_under_its_values_only(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Both paths find the rule of the event's MCC through the index (which each asks for
-    once per currency), not by testing the other 199."""
-    built: list[int] = []
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many rules each index the deciders build holds, in the order built."""
+    sizes: list[int] = []
     real = decide.rule_index
 
     def counted(rules: Any) -> Any:
-        built.append(len(rules))
+        sizes.append(len(rules))
         return real(rules)
 
     monkeypatch.setattr(decide, "rule_index", counted)
+    return sizes
+
+
+def test_an_event_is_planned_against_the_rules_filed_under_its_values_only(
+    built: list[int],
+) -> None:
+    """Both paths find the rule of the event's MCC through the index (which each asks for
+    once per currency), not by testing the other 199."""
     rules = parse_rules(_mcc_rules(200))
     for decider in both(rules):
         for n in (7, 150, 7):
@@ -68,20 +74,10 @@ def test_an_event_is_planned_against_the_rules_filed_under_its_values_only(
     assert built == [200, 200]
 
 
-def test_currencies_that_the_same_rules_apply_to_share_one_index(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_currencies_that_the_same_rules_apply_to_share_one_index(built: list[int]) -> None:
     """Rules of no currency apply to events of every one: indexed once, not once per
     currency seen (~8 MiB each at 5,000 rules of 200 MCCs), though a currency with a
     rule of its own gets its own index."""
-    built: list[int] = []
-    real = decide.rule_index
-
-    def counted(rules: Any) -> Any:
-        built.append(len(rules))
-        return real(rules)
-
-    monkeypatch.setattr(decide, "rule_index", counted)
     own = {"id": "jpy", "window": "day", "max_count": 1, "currency": "JPY"}
     rules = json.loads(_mcc_rules(30))
     rules["rules"].append(own)
@@ -90,7 +86,7 @@ def test_currencies_that_the_same_rules_apply_to_share_one_index(
             amount = "1" if currency == "JPY" else "1.00"
             line = _pay("e", mcc="3", currency=currency, amount=amount)
             planned = [a.rule.rule.id for a in decider.plan(parse_event(line))]
-            assert planned == ["mcc-3", "jpy"] if currency == "JPY" else ["mcc-3"]
+            assert planned == (["mcc-3", "jpy"] if currency == "JPY" else ["mcc-3"])
     assert built == [30, 31, 30, 31]
 
 
