@@ -159,6 +159,11 @@ class _RulesLoader(_SafeLoader):
     may_alias = True
     """Whether the text may hold an alias (a ``*``): a file without one is not walked to
     count what aliases repeat (a third of reading a large file)."""
+    unclear = False
+    """Whether a value was read as ``_Unclear``: the file is then walked to refuse the
+    first, by its rule and field; without one, it is not."""
+    floats = False
+    """Whether a value was read as a ``_Float``, which ``_settle_floats`` then settles."""
 
     def construct_document(self, node: yaml.Node) -> Any:
         """Refuse a document whose aliases repeat more than ``_MOST_VALUES`` values (a
@@ -228,6 +233,7 @@ class _RulesLoader(_SafeLoader):
     def construct_yaml_bool(self, node: yaml.ScalarNode) -> bool | _Unclear:  # type: ignore[override]
         if node.value.lower() not in ("true", "false"):
             reading = "true" if super().construct_yaml_bool(node) else "false"
+            self.unclear = True
             return _Unclear(node, reading, f'write "{node.value}" for the text')
         return bool(node.value.lower() == "true")
 
@@ -237,18 +243,22 @@ class _RulesLoader(_SafeLoader):
                 reading = str(super().construct_yaml_int(node))
             except ValueError:  # 0780: no YAML 1.1 octal, the number 780 to YAML 1.2
                 reading = str(int(node.value, 10))
+            self.unclear = True
             return _Unclear(node, reading, f'write "{node.value}" for the text, or {reading}')
         return int(node.value)
 
     def construct_yaml_float(self, node: yaml.ScalarNode) -> _Float | _Unclear:  # type: ignore[override]
         if not _YAML_DECIMAL_FLOAT.fullmatch(node.value):
+            self.unclear = True
             return _Unclear(node, "a float", "write a plain decimal, or quote it")
         try:
             Decimal(node.value)
         except InvalidOperation:  # an exponent of 10**18 or more: no Decimal holds it
+            self.unclear = True
             return _Unclear(
                 node, "a number out of range", "no decimal holds an exponent of 10^18 or more"
             )
+        self.floats = True
         return _Float(node.value)
 
     def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> str:  # type: ignore[override]
@@ -434,8 +444,10 @@ def parse_rules(text: str | bytes) -> RuleSet:
             f"rules file holds a {_kind(data)}, not a mapping: it needs a 'rules:' list"
             " (see examples/rules.yaml)"
         )
-    _refuse_unclear(data)
-    data = _settle_floats(data)
+    if loader.unclear:
+        _refuse_unclear(data)
+    if loader.floats:
+        data = _settle_floats(data)
     try:
         doc = msgspec.convert(data, RulesDoc)
     except msgspec.ValidationError as exc:

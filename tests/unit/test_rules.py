@@ -455,6 +455,11 @@ def test_a_number_no_decimal_holds_is_refused_by_name_not_a_crash(line: str) -> 
         ("1_000", "1000"),
         ("0x1F", "31"),
         ("1:30", "90"),  # sexagesimal
+        ("1_000.5", "a float"),
+        (".inf", "a float"),
+        ("-.Inf", "a float"),
+        (".NaN", "a float"),
+        ("1:30.5", "a float"),
     ],
 )
 def test_a_match_value_yaml_would_silently_change_is_refused(value: str, reading: str) -> None:
