@@ -631,45 +631,51 @@ cdef class FastCore:
         self.head, self.violations, self.limits = _Out(), _Out(), _Out()
 
     cdef tuple _candidates(self, object currency):
-        """The rules that can apply to events of a currency, and what their
-        ``RuleIndex`` holds (``always``, ``tables``, ``scoped``) or None."""
+        """The rules that can apply to events of a currency, and what the ``RuleIndex``
+        holds (``always``, ``tables``, ``scoped``) when their events' candidates are
+        found by it, or None."""
         cdef object key = currency or ""
         cdef PyObject* found = PyDict_GetItem(self.by_currency, key)
         if found != NULL:
             return <tuple>found
         chosen = tuple(r for r in self.rules if (<_Rule>r).currency in (None, currency))
         index = (
-            None if self.index_for is None
+            None if self.index_for is None or currency is None
             else self.index_for(tuple((<_Rule>r).compiled for r in chosen))
         )
         entry = (chosen, None if index is None else (index.always, index.tables, index.scoped))
         self.by_currency[key] = entry
         return entry
 
-    cdef object _chosen(self, tuple rules, tuple index, dict fields):
-        """``RuleIndex.select`` of ``rules`` as the rules themselves, in order; None,
-        for the Python path, when a field the rules scope or are indexed by is not a
-        string."""
+    cdef object _chosen(self, tuple index, dict fields, object currency):
+        """``RuleIndex.select`` as the rules themselves, in order; None, for the Python
+        path, when a field the rules scope or are indexed by is not a string."""
         cdef object value
+        cdef PyObject* found_in
         cdef PyObject* filed
         cdef list found
         cdef tuple entry
+        cdef dict always = <dict>index[0]
         for value in <tuple>index[2]:
             value = fields.get(value)
             if value is not None and type(value) is not str:
                 return None
-        found = list(<tuple>index[0])
+        found = list(always.get(None, ()))
+        found.extend(always.get(currency, ()))
         for entry in <tuple>index[1]:
             value = fields.get(entry[0], entry[1])
             if value is None:
                 continue
             if type(value) is not str:
                 return None
-            filed = PyDict_GetItem(<dict>entry[2], value)
-            if filed != NULL:
-                found.extend(<tuple>filed)
+            for key in (None, currency):
+                found_in = PyDict_GetItem(<dict>entry[2], key)
+                if found_in != NULL:
+                    filed = PyDict_GetItem(<dict>found_in, value)
+                    if filed != NULL:
+                        found.extend(<tuple>filed)
         found.sort()
-        return tuple([rules[<Py_ssize_t>position] for position in found])
+        return tuple([self.rules[<Py_ssize_t>position] for position in found])
 
     cdef tuple _periods(self, int clock, long long epoch):
         """The period keys of ``epoch`` in a clock's zone and their ends
@@ -703,15 +709,16 @@ cdef class FastCore:
         cdef object raw, value, tail, period, key, end
         cdef long long epoch, minute
         cdef tuple entry, rules
-        cdef object chosen
+        cdef object chosen, currency
         cdef list parts
         cdef bint skip
         epoch = _E_EPOCH.get(event)
         minute = epoch // 60
-        entry = self._candidates(_E_CURRENCY.get(event))
+        currency = _E_CURRENCY.get(event)
+        entry = self._candidates(currency)
         rules = <tuple>entry[0]
         if entry[1] is not None:
-            chosen = self._chosen(rules, <tuple>entry[1], fields)
+            chosen = self._chosen(<tuple>entry[1], fields, currency)
             if chosen is None:
                 return None
             rules = <tuple>chosen

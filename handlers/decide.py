@@ -111,23 +111,28 @@ class _CompiledRule:
 
 
 INDEX_FROM: Final = 8
-"""Rules of one currency from which a ``RuleIndex`` finds an event's candidates; fewer are
-tested in turn, faster than a lookup per indexed field would be."""
+"""Rules that can apply to one currency's events from which its events' candidates are
+found by the ``RuleIndex``; fewer are tested in turn, faster than a lookup per indexed
+field would be."""
 
 
 class RuleIndex:
-    """The rules of one currency (or of none) that may apply to an event, found by its
-    ``match`` values instead of every rule tested in turn: a file of thousands of rules
-    by MCC or merchant, each applying to few events, costs a dict lookup per indexed
-    field, not a test per rule.
+    """The rules that may apply to an event, found by its currency and ``match`` values
+    instead of every rule tested in turn: a file of thousands of rules by MCC or merchant,
+    each applying to few events, costs a dict lookup per indexed field, not a test per
+    rule.
 
-    Each rule with a ``match`` is filed under every allowed value of one of its match
-    fields (the one whose values are the fewest part of all the values rules allow for
-    it); rules without are always candidates. A rule left out has a match field whose
-    event value it does not allow, so it would not apply: the rules it returns apply or
-    not exactly as they would if all were tested, in the same order. Only where a rule
-    tested in turn could say more, a field rules scope by holding something other than
-    a string (a number to compare as text, a list to refuse), are all rules tested."""
+    Each rule with a ``match`` is filed, under its currency (or none), by every allowed
+    value of one of its match fields (the one whose values are the fewest part of all the
+    values rules allow for it); rules without a match are filed by currency alone. An
+    event's candidates are those of no currency and of its own, filed under its values
+    or without a match, in file order. A rule left out has another currency, or a match
+    field whose event value it does not allow, so it would not apply: the candidates
+    apply or not exactly as they would if all were tested. One index serves every
+    currency (an issuer's 5,000 rules of no currency and one cap of each of 150
+    currencies: one index, not 150 of ~8 MiB each). Only where a rule tested in turn
+    could say more, a field rules scope by holding a list, an object or a number no text
+    stands for (which it refuses), are all rules tested."""
 
     __slots__ = ("always", "scoped", "tables")
 
@@ -136,50 +141,54 @@ class RuleIndex:
         for c in rules:
             for name, allowed, _ in c.match:
                 values.setdefault(name, set()).update(allowed)
-        always: list[int] = []
-        tables: dict[tuple[str, str | None], dict[str, list[int]]] = {}
+        always: dict[str | None, list[int]] = {}
+        tables: dict[tuple[str, str | None], dict[str | None, dict[str, list[int]]]] = {}
         for position, c in enumerate(rules):
             if not c.match:
-                always.append(position)
+                always.setdefault(c.currency, []).append(position)
                 continue
             name, allowed, absent = min(c.match, key=lambda m: len(m[1]) / len(values[m[0]]))
-            table = tables.setdefault((name, absent), {})
+            table = tables.setdefault((name, absent), {}).setdefault(c.currency, {})
             for value in allowed:
                 table.setdefault(value, []).append(position)
-        self.always: Final = tuple(always)
-        """Positions of the rules without a ``match``."""
+        self.always: Final = {currency: tuple(filed) for currency, filed in always.items()}
+        """Positions of the rules without a ``match``, by currency (None: of none)."""
         self.tables: Final = tuple(
-            (name, absent, {value: tuple(filed) for value, filed in table.items()})
-            for (name, absent), table in tables.items()
+            (
+                name,
+                absent,
+                {
+                    currency: {value: tuple(filed) for value, filed in table.items()}
+                    for currency, table in by_currency.items()
+                },
+            )
+            for (name, absent), by_currency in tables.items()
         )
-        """Per indexed field: its name, what its absence means, and the positions of the
-        rules filed under each value."""
+        """Per indexed field: its name, what its absence means, and by currency (None: of
+        none) the positions of the rules filed under each value."""
         self.scoped: Final = tuple(sorted({name for c in rules for name in c.scope}))
         """Every field the rules scope by."""
 
-    def select(self, fields: dict[str, object]) -> list[int] | None:
-        """Positions of the rules that may apply to an event of these fields, in order;
-        None for all of them (a field the rules scope by is not a string)."""
+    def select(self, fields: dict[str, object], currency: str) -> list[int] | None:
+        """Positions of the rules that may apply to an event of this currency and these
+        fields, in order; None for all of them (a field the rules scope by holds what
+        they refuse)."""
         for name in self.scoped:
             value = fields.get(name)
-            if value is not None and type(value) is not str:
+            if value is not None and type(value) is not str and scalar_text(value) is None:
                 return None
-        found = list(self.always)
-        for name, absent, table in self.tables:
+        found = [*self.always.get(None, ()), *self.always.get(currency, ())]
+        for name, absent, by_currency in self.tables:
             value = fields.get(name, absent)
             text = value if type(value) is str else scalar_text(value)
-            filed = table.get(text) if text is not None else None
-            if filed is not None:
-                found += filed
+            if text is None:
+                continue
+            for table in (by_currency.get(None), by_currency.get(currency)):
+                filed = table.get(text) if table is not None else None
+                if filed is not None:
+                    found += filed
         found.sort()
         return found
-
-
-def rule_index(rules: Sequence[_CompiledRule]) -> RuleIndex | None:
-    """A ``RuleIndex`` of these rules when there are enough of them, with a ``match``."""
-    if len(rules) < INDEX_FROM or not any(c.match for c in rules):
-        return None
-    return RuleIndex(rules)
 
 
 class Applied(NamedTuple):
@@ -247,9 +256,8 @@ class Decider:
         self._by_currency: dict[str, tuple[tuple[_CompiledRule, ...], RuleIndex | None]] = {}
         """Rules that can apply to events of a currency, and their index when they have
         one, filled on first sight."""
-        self._indexes: dict[tuple[_CompiledRule, ...], RuleIndex | None] = {}
-        """The index of each set of candidates: currencies whose events the same rules
-        can apply to (all those without a rule of their own) share one."""
+        self._index: RuleIndex | None = None
+        """The index of every rule, made when a currency first has enough candidates."""
         self._fast = (
             _fastcore.FastCore(
                 self._compiled,
@@ -301,10 +309,10 @@ class Decider:
             rules = tuple(c for c in self._compiled if c.currency in (None, event.currency))
             found = self._by_currency[event.currency or ""] = (rules, self._index_for(rules))
         candidates: Sequence[_CompiledRule] = found[0]
-        if found[1] is not None:
-            chosen = found[1].select(fields)
+        if found[1] is not None and event.currency is not None:
+            chosen = found[1].select(fields, event.currency)
             if chosen is not None:
-                candidates = [candidates[position] for position in chosen]
+                candidates = [self._compiled[position] for position in chosen]
         epoch = event.epoch
         last_clock: PeriodClock | None = None
         periods, ends = _NO_PERIODS
@@ -350,13 +358,14 @@ class Decider:
     _plan = plan
     """The Python path's ``plan``, also where an instance's ``plan`` is the compiled one."""
 
-    def _index_for(self, rules: tuple[_CompiledRule, ...]) -> RuleIndex | None:
-        """The ``RuleIndex`` of a currency's candidates, shared by every currency that has
-        the same: 150 currencies seen by 5,000 rules of none would otherwise each index
-        them (~8 MiB each with 200 MCCs a rule)."""
-        if rules not in self._indexes:
-            self._indexes[rules] = rule_index(rules)
-        return self._indexes[rules]
+    def _index_for(self, candidates: Sequence[_CompiledRule]) -> RuleIndex | None:
+        """The ``RuleIndex`` (of every rule, made once) for a currency with these
+        candidates, or None to test them in turn: they are few, or none has a match."""
+        if len(candidates) < INDEX_FROM or not any(c.match for c in candidates):
+            return None
+        if self._index is None:
+            self._index = RuleIndex(self._compiled)
+        return self._index
 
     @staticmethod
     def keys(events: Sequence[Event], plans: Sequence[tuple[Applied, ...]]) -> Keys:
