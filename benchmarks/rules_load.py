@@ -10,8 +10,8 @@ Each file holds rules of every window, in six zones and six currencies, each wit
 merchant category), written as YAML. Each is read in a new process (``load_rules``),
 so the peak RSS is that of the read alone. The same process then plans and decides
 ``--events`` payments in time order, in the six currencies, over 10,000 MCCs, three
-channels and 5,000 accounts, on the compiled path (the first event of each currency,
-which builds that currency's ``RuleIndex``, included), and on the Python path alone.
+channels and 5,000 accounts, on the compiled path (the first event that needs the
+``RuleIndex``, which builds it, included), and on the Python path alone.
 Not a test: figures vary with the machine's load.
 """
 
