@@ -578,7 +578,8 @@ cdef class FastCore:
     """``OutcomeKind.DUPLICATE``, and what gives the reason a stored verdict names; None:
     resends take the Python path."""
     cdef object index_for
-    """What gives the ``RuleIndex`` of a currency's rules (None: they are tested in turn)."""
+    """What gives the ``RuleIndex`` (of every rule) for a currency's candidates, or None
+    to test them in turn (``Decider._index_for``)."""
     cdef _Out head
     cdef _Out violations
     cdef _Out limits
@@ -650,14 +651,14 @@ cdef class FastCore:
     cdef object _chosen(self, tuple index, dict fields, object currency):
         """``RuleIndex.select`` as the rules themselves, in order; None, for the Python
         path, when a field the rules scope or are indexed by is not a string."""
-        cdef object value
+        cdef object name, value
         cdef PyObject* found_in
         cdef PyObject* filed
         cdef list found
         cdef tuple entry
         cdef dict always = <dict>index[0]
-        for value in <tuple>index[2]:
-            value = fields.get(value)
+        for name in <tuple>index[2]:
+            value = fields.get(name)
             if value is not None and type(value) is not str:
                 return None
         found = list(always.get(None, ()))
