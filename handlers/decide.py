@@ -190,6 +190,19 @@ class RuleIndex:
         found.sort()
         return found
 
+    def most(self, currency: str | None) -> int:
+        """Most rules that may apply to one event of this currency (None: of one no rule
+        names): those of no currency and of its own without a match, and for each
+        indexed field those filed under the one value that files most. An upper bound:
+        a rule with several match fields is counted by the one it is filed by."""
+        owners = (None,) if currency is None else (None, currency)
+        total = sum(len(self.always.get(owner, ())) for owner in owners)
+        for _, _, by_currency in self.tables:
+            tables = [by_currency.get(owner, {}) for owner in owners]
+            values = set().union(*tables)
+            total += max((sum(len(t.get(v, ())) for t in tables) for v in values), default=0)
+        return total
+
 
 class Applied(NamedTuple):
     """A rule that applies to an event, with the event's bucket for it."""
@@ -357,6 +370,13 @@ class Decider:
 
     _plan = plan
     """The Python path's ``plan``, also where an instance's ``plan`` is the compiled one."""
+
+    def widest(self) -> int:
+        """Most rules that may apply to one event, their ``match`` counted
+        (``RuleIndex.most``): what ``limitflow rules check`` warns of."""
+        index = RuleIndex(self._compiled)
+        currencies = {c.currency for c in self._compiled} | {None}
+        return max(index.most(currency) for currency in currencies)
 
     def _index_for(self, candidates: Sequence[_CompiledRule]) -> RuleIndex | None:
         """The ``RuleIndex`` (of every rule, made once) for a currency with these

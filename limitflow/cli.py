@@ -606,25 +606,17 @@ async def _rules_check_store(url: str, rules: RuleSet) -> int:
 
 def _note_wide_rules(rules: RuleSet) -> None:
     """Say so when more rules may apply to one event than every store can commit."""
-    from handlers.decide import MAX_APPLICABLE_RULES
+    from handlers.decide import MAX_APPLICABLE_RULES, Decider
     from stores.dynamo import DynamoStore
     from streams.engine import max_applicable_rules
 
-    currencies = {rule.currency for rule in rules.rules}
-    widest = (
-        max(
-            sum(1 for rule in rules.rules if rule.currency in (None, currency))
-            for currency in currencies
-        )
-        if rules.rules
-        else 0
-    )
+    widest = Decider(rules, compiled=False).widest()
     dynamo = max_applicable_rules(DynamoStore.max_records_per_commit)
     if widest > dynamo:
         out(
-            f"note: up to {widest} rules may apply to one event (match not counted); an event"
-            f" that more than {MAX_APPLICABLE_RULES} apply to ({dynamo} on DynamoDB) becomes"
-            " an invalid_event dead letter"
+            f"note: up to {widest} rules may apply to one event; an event that more than"
+            f" {MAX_APPLICABLE_RULES} apply to ({dynamo} on DynamoDB) becomes an"
+            " invalid_event dead letter"
         )
 
 

@@ -941,12 +941,42 @@ def test_rules_check_notes_when_too_many_rules_may_apply_to_one_event(tmp_path: 
     result = limitflow("rules", "check", "wide.yaml", cwd=tmp_path)
     assert result.returncode == 0
     assert result.stdout.decode().splitlines()[-1] == (
-        "note: up to 98 rules may apply to one event (match not counted); an event that more"
-        " than 200 apply to (97 on DynamoDB) becomes an invalid_event dead letter"
+        "note: up to 98 rules may apply to one event; an event that more than 200 apply to"
+        " (97 on DynamoDB) becomes an invalid_event dead letter"
     )
     (tmp_path / "narrow.yaml").write_text("rules:\n" + body[: body.index("  - {id: c1,")])
     result = limitflow("rules", "check", "narrow.yaml", cwd=tmp_path)
     assert "note:" not in result.stdout.decode()
+
+
+def test_rules_check_counts_match_in_how_many_rules_may_apply_to_one_event(
+    tmp_path: Path,
+) -> None:
+    """An issuer's 1,000 rules by MCC, each listing a few of 500 codes, meet an event a
+    handful at a time: no note, where counting by currency alone said 1,000. Rules on
+    two fields add up (the value that most rules list, on each), with those of the
+    event's currency and those without a match."""
+    body = "".join(
+        f"  - {{id: m{n}, window: day, currency: CNY, max_count: 9,"
+        f" match: {{mcc: ['{n % 500:04d}', '{(n + 1) % 500:04d}']}}}}\n"
+        for n in range(1_000)
+    )  # each MCC is listed by 4 rules
+    body += "".join(
+        f"  - {{id: ch{n}, window: day, max_count: 9, match: {{channel: [atm]}}}}\n"
+        for n in range(90)
+    )
+    (tmp_path / "mcc.yaml").write_text("rules:\n" + body, encoding="utf-8")
+    result = limitflow("rules", "check", "mcc.yaml", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "note:" not in result.stdout.decode()  # 4 + 90
+    more = "".join(f"  - {{id: any{n}, window: hour, max_count: 9}}\n" for n in range(4))
+    (tmp_path / "mcc.yaml").write_text("rules:\n" + body + more, encoding="utf-8")
+    result = limitflow("rules", "check", "mcc.yaml", cwd=tmp_path)
+    assert (
+        result.stdout.decode()
+        .splitlines()[-1]
+        .startswith("note: up to 98 rules may apply to one event;")
+    )
 
 
 def test_rules_check_fails_on_a_bad_file(tmp_path: Path) -> None:
