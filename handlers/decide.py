@@ -374,15 +374,19 @@ class Decider:
     def widest(self) -> int:
         """Most rules that may apply to one event, their ``match`` counted
         (``RuleIndex.most``): what ``limitflow rules check`` warns of."""
-        index = RuleIndex(self._compiled)
+        index = self._every_rule()
         currencies = {c.currency for c in self._compiled} | {None}
         return max(index.most(currency) for currency in currencies)
 
     def _index_for(self, candidates: Sequence[_CompiledRule]) -> RuleIndex | None:
-        """The ``RuleIndex`` (of every rule, made once) for a currency with these
-        candidates, or None to test them in turn: they are few, or none has a match."""
+        """The ``RuleIndex`` (of every rule) for a currency with these candidates, or
+        None to test them in turn: they are few, or none has a match."""
         if len(candidates) < INDEX_FROM or not any(c.match for c in candidates):
             return None
+        return self._every_rule()
+
+    def _every_rule(self) -> RuleIndex:
+        """The ``RuleIndex`` of every rule, made once, when first asked for."""
         if self._index is None:
             self._index = RuleIndex(self._compiled)
         return self._index
