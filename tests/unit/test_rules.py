@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import re
 import textwrap
+import tracemalloc
 from pathlib import Path
 
 import pytest
+import yaml
 
 from schemas.rules import (
     Rule,
@@ -694,3 +697,35 @@ def test_libyaml_s_parser_reads_every_file_as_pyyaml_s_own() -> None:
         timeout=120,
     )
     assert json.loads(pure.stdout) == [_reading(text) for text in _TRICKY]
+
+
+def test_the_rules_keep_nothing_the_yaml_reader_made() -> None:
+    """What the rules keep is made after the YAML nodes are freed (``parse_rules``): a
+    value kept from among them would hold the heap's pages the nodes took. Before, 5,000
+    rules of 200 MCCs kept 458 MiB resident after the file was read; now 94."""
+    codes = ", ".join(f'"{n:04d}"' for n in range(200))
+    text = "rules:\n" + "".join(
+        f"  - {{id: r{n}, window: day, currency: CNY, max_count: 1, timezone: Asia/Shanghai,"
+        f" match: {{channel: [pos], mcc: [{codes}, {10**30 + n}, 6011.0, true]}}}}\n"
+        for n in range(50)
+    )
+    yaml_files = str(Path(yaml.__file__).parent)
+    parse_rules(text)  # once before, for the caches of the classes it meets
+    tracemalloc.start(25)
+    try:
+        rules = parse_rules(text)
+        gc.collect()
+        kept = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    from_yaml = [
+        stat
+        for stat in kept.statistics("traceback")
+        if any(frame.filename.startswith(yaml_files) for frame in stat.traceback)
+    ]
+    assert from_yaml == []
+    assert len(rules.rules) == 50
+    assert dict(rules.rules[49].match) == {
+        "channel": frozenset({"pos"}),
+        "mcc": frozenset({f"{n:04d}" for n in range(200)} | {str(10**30 + 49), "6011", "true"}),
+    }
