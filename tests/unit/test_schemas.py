@@ -232,3 +232,47 @@ def test_a_dead_letter_over_the_message_limit_names_its_record_instead() -> None
     assert small["error"] == "invalid_json" and small["source"] == source
     assert small["event_id"] == "e1" and "too large to repeat" in small["detail"]
     jsonschema.validate(small, schema("dead_letter"))
+
+
+def test_the_largest_verdict_fits_the_message_size_the_readme_gives() -> None:
+    """README (Run it on Kafka): a verdict takes at most 136,000 bytes. Brokers and output
+    topics that allow less may refuse one, on every retry. The largest: as many rules as
+    may apply, ids of 64 characters, every bucket at its ceiling (each rule over both
+    limits), ids of 128 control characters (six bytes each in JSON)."""
+    from handlers.decide import MAX_APPLICABLE_RULES
+    from handlers.state import Bucket, Snapshot, WorkingState
+
+    rules = [
+        {
+            "id": f"{n:03d}" + "r" * 61,
+            "window": "minute",  # the longest period: 2026-12-31T23:59
+            "timezone": "Asia/Kathmandu",
+            "currency": "CNY",
+            "max_count": 10**15 - 1,
+            "max_amount": "9999999999999.99",
+        }
+        for n in range(MAX_APPLICABLE_RULES)
+    ]
+    decider = Decider(parse_rules(json.dumps({"rules": rules})))
+    event = parse_event(
+        json.dumps(
+            {
+                "event_id": "\x01" * 128,
+                "account_id": "\x01" * 128,
+                "amount": "9999999999999.99",
+                "currency": "CNY",
+                "occurred_at": "2026-12-31T23:59:59.999999+05:45",
+            }
+        ).encode()
+    )
+    plan = decider.plan(event)
+    snapshot = Snapshot()
+    for applied in plan:
+        assert applied.key is not None
+        snapshot.buckets[applied.key] = Bucket(count=2**63 - 1, amount=2**63 - 1)
+    outcome = decider.decide(event, plan, WorkingState(snapshot))
+    assert outcome.verdict is not None
+    verdict = json.loads(outcome.verdict)
+    assert len(verdict["limits"]) == MAX_APPLICABLE_RULES
+    assert len(verdict["violations"]) == 2 * MAX_APPLICABLE_RULES
+    assert 130_000 < len(outcome.verdict) <= 136_000
