@@ -465,7 +465,7 @@ def parse_rules(text: str | bytes) -> RuleSet:
     # nodes took, resident for good: `benchmarks.rules_load`'s 5,000 rules of 200 MCCs
     # kept 458 MiB where the rules need ~70. So the checked rules are copied to JSON
     # (exact for every value a rule may hold: big integers too), the rest freed, and
-    # the copy read back rule by rule, each rule's values freed before the next: 94
+    # the copy read back rule by rule, each rule's values freed before the next: 93
     # MiB. Read back whole, those values would stay among the kept in turn: 138 MiB.
     blob = msgspec.json.encode(doc.rules)
     del doc, data
