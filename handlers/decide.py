@@ -15,7 +15,7 @@ import msgspec
 
 from handlers.periods import PeriodClock, Periods, clock_for
 from handlers.state import Bucket, EventRecord, Keys, WorkingState
-from schemas.amounts import AmountError, format_minor, to_minor
+from schemas.amounts import TEXT_DIGITS, AmountError, format_minor, to_minor
 from schemas.currencies import MINOR_UNITS
 from schemas.events import DeadLetterError, Event, EventRejected, EventType
 from schemas.rules import Rule, RuleSet, Window, scalar_text
@@ -736,7 +736,8 @@ def _scope_text(name: str, value: object) -> str:
     if text is None:
         raise EventRejected(
             DeadLetterError.INVALID_EVENT,
-            f"{name}: a rule scopes by this field, so it must be a string or a number",
+            f"{name}: a rule scopes by this field, so it must be a string or a number"
+            f" (of at most {TEXT_DIGITS:,} digits written out)",
         )
     return text
 

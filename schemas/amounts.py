@@ -102,19 +102,25 @@ def to_minor(value: object, exponent: int, *, allow_zero: bool = False) -> int:
     return _check_sign(minor, value, allow_zero)
 
 
-_PLAIN_DIGITS: Final = 64
-"""Longest plain form ``number_text`` writes; longer numbers keep an exponent."""
+TEXT_DIGITS: Final = 4300
+"""Most digits of a number's text (``number_text``): Python's limit on an integer's
+(``sys.get_int_max_str_digits``), past which a JSON integer is refused as well."""
 
 
-def number_text(number: Decimal) -> str:
+def number_text(number: Decimal) -> str | None:
     """The one text of a number's value, for comparing numbers as text: ``77``, ``77.0``
-    and ``7.7e1`` are all ``77``; ``0.50`` is ``0.5``. Plain unless that would be long."""
+    and ``7.7e1`` are all ``77``; ``0.50`` is ``0.5``; ``1e64`` is a 1 and 64 zeros, as
+    the JSON integer of that value is. None for a number whose text would have more than
+    ``TEXT_DIGITS`` digits (``1e999999999``): it has no text to compare or count by.
+
+    (Numbers past 64 digits were written ``1E+64``: a text equal to no integer's, and to
+    the string "1E+64", which was then counted as the same card.)"""
     stripped = without_trailing_zeros(number)
     _, digits, exp = stripped.as_tuple()
     assert isinstance(exp, int)  # finite
-    if exp >= -_PLAIN_DIGITS and len(digits) + exp <= _PLAIN_DIGITS:
-        return format(stripped, "f")
-    return str(stripped)
+    if max(len(digits) + exp, 1) + max(-exp, 0) > TEXT_DIGITS:
+        return None
+    return format(stripped, "f")
 
 
 def exact_text(number: Decimal) -> str:

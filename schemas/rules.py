@@ -15,7 +15,7 @@ import yaml
 
 from limitflow.errors import LimitflowError
 from schemas import zones
-from schemas.amounts import MAX_MINOR, AmountError, number_text, to_minor
+from schemas.amounts import MAX_MINOR, TEXT_DIGITS, AmountError, number_text, to_minor
 from schemas.currencies import MINOR_UNITS
 
 
@@ -100,14 +100,15 @@ def scalar_text(value: object) -> str | None:
     """Text form of a scalar event value for scopes and matches; None for other values.
 
     A number's text is its value's (``number_text``): ``77`` and ``77.0`` are one card,
-    and match ``[6011]`` alike. A string is itself: ``"0742"`` is not ``742``.
+    and match ``[6011]`` alike; a number of more than ``TEXT_DIGITS`` digits has none. A
+    string is itself: ``"0742"`` is not ``742``.
     """
     if isinstance(value, str):
         return value
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
-        return str(value)
+        return str(value)  # (of at most TEXT_DIGITS digits: longer cannot be made)
     if isinstance(value, Decimal):  # a JSON number literal with a fraction or exponent
         return number_text(value) if value.is_finite() else None
     return None
@@ -125,8 +126,20 @@ class _Unclear:
         self.advice = advice
         self.line = node.start_mark.line + 1
 
+    @classmethod
+    def of(cls, text: str, line: int, reading: str, advice: str) -> _Unclear:
+        """One for a value read without refusal, refused later (``_settle_floats``)."""
+        unclear = cls.__new__(cls)
+        unclear.text, unclear.line, unclear.reading, unclear.advice = text, line, reading, advice
+        return unclear
+
     def __str__(self) -> str:
-        return f"{self.text} would be read as {self.reading}: {self.advice} (line {self.line})"
+        text = (
+            self.text
+            if len(self.text) <= 40
+            else f"{self.text[:30]}… ({len(self.text):,} characters)"
+        )
+        return f"{text} would be read as {self.reading}: {self.advice} (line {self.line})"
 
 
 _MOST_VALUES: Final = 10_000_000
@@ -164,6 +177,8 @@ class _RulesLoader(_SafeLoader):
     first, by its rule and field; without one, it is not."""
     floats = False
     """Whether a value was read as a ``_Float``, which ``_settle_floats`` then settles."""
+    long_floats = False
+    """Whether one was a ``_LongFloat``, which ``_settle_floats`` refuses in a match."""
 
     def construct_document(self, node: yaml.Node) -> Any:
         """Refuse a document whose aliases repeat more than ``_MOST_VALUES`` values (a
@@ -245,6 +260,9 @@ class _RulesLoader(_SafeLoader):
                 reading = str(int(node.value, 10))
             self.unclear = True
             return _Unclear(node, reading, f'write "{node.value}" for the text, or {reading}')
+        if len(node.value.lstrip("+-")) > TEXT_DIGITS:  # int() refuses it: was a crash
+            self.unclear = True
+            return _Unclear(node, *_TOO_LONG)
         return int(node.value)
 
     def construct_yaml_float(self, node: yaml.ScalarNode) -> _Float | _Unclear:  # type: ignore[override]
@@ -259,6 +277,11 @@ class _RulesLoader(_SafeLoader):
                 node, "a number out of range", "no decimal holds an exponent of 10^18 or more"
             )
         self.floats = True
+        if number_text(Decimal(node.value)) is None:  # refused in a match only
+            self.long_floats = True
+            long = _LongFloat(node.value)
+            long.line = node.start_mark.line + 1
+            return long
         return _Float(node.value)
 
     def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> str:  # type: ignore[override]
@@ -269,12 +292,31 @@ class _Float(str):
     """A plain YAML float, as written; ``_settle_floats`` turns it into plain text."""
 
 
+class _LongFloat(_Float):
+    """A float with more than ``TEXT_DIGITS`` digits written out (``1e5000``): as an id
+    or a description it is its text, as before; in a match no event could equal it."""
+
+    line: int
+
+
+_TOO_LONG: Final = (
+    f"a number of more than {TEXT_DIGITS:,} digits",
+    "no event can hold one (quote it if it is text)",
+)
+
+
 def _settle_floats(value: Any, in_match: bool = False) -> Any:
     """``value`` with every ``_Float`` as its text: in a rule's ``match``, the text of its
     value (``6011.0`` matches the event number 6011), elsewhere as written (``id: 1.10``
     stays ``1.10``, ``max_amount: 5000.10`` exact)."""
     if isinstance(value, _Float):
-        return number_text(Decimal(value)) if in_match else str(value)
+        if not in_match:
+            return str(value)
+        text = number_text(Decimal(value))
+        if text is None:
+            assert isinstance(value, _LongFloat)
+            return _Unclear.of(str(value), value.line, *_TOO_LONG)
+        return text
     if isinstance(value, list):
         return [_settle_floats(item, in_match) for item in value]
     if isinstance(value, dict):
@@ -448,6 +490,8 @@ def parse_rules(text: str | bytes) -> RuleSet:
         _refuse_unclear(data)
     if loader.floats:
         data = _settle_floats(data)
+        if loader.long_floats:
+            _refuse_unclear(data)
     try:
         doc = msgspec.convert(data, RulesDoc)
     except msgspec.ValidationError as exc:

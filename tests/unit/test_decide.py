@@ -158,6 +158,44 @@ def test_equal_numbers_are_one_scope_value_however_written() -> None:
     assert verdicts[4]["limits"][0]["count_used"] == 1
 
 
+def test_a_number_past_64_digits_is_counted_by_the_text_of_its_value() -> None:
+    # 1e64 was keyed "1E+64": another card than the integer of the same value, and the
+    # same card as the string "1E+64"
+    rules = "rules:\n  - {id: card, scope: card_id, window: day, max_count: 1}\n"
+    verdicts = run(
+        raw_pay("e1", '"card_id": 1e64'),
+        raw_pay("e2", '"card_id": 1' + "0" * 64),
+        raw_pay("e3", '"card_id": "1E+64"'),
+        raw_pay("e4", '"card_id": 1e-70'),
+        raw_pay("e5", '"card_id": 0.' + "0" * 69 + "1"),
+        raw_pay("e6", '"card_id": "1E-70"'),
+        rules=rules,
+    )
+    assert [v["decision"] for v in verdicts] == ["accept", "reject", "accept"] * 2
+
+
+def test_a_number_too_long_to_write_out_where_a_rule_scopes_is_a_dead_letter() -> None:
+    rules = "rules:\n  - {id: card, scope: card_id, window: day, max_count: 1}\n"
+    verdicts = run(
+        raw_pay("e1", '"card_id": 1e999999999'),  # no text: not written out, not counted
+        raw_pay("e2", '"card_id": 1e4299'),  # a text of 4,300 digits: too long for a key
+        rules=rules,
+    )
+    assert verdicts == [("dead", "invalid_event")] * 2
+
+
+def test_a_number_past_64_digits_matches_the_rule_value_it_equals() -> None:
+    rules = "rules:\n  - {id: m, window: day, max_count: 0, match: {mcc: [1e64, 1e-70]}}\n"
+    verdicts = run(
+        raw_pay("e1", '"mcc": 1' + "0" * 64),
+        raw_pay("e2", '"mcc": 0.' + "0" * 69 + "1"),
+        raw_pay("e3", '"mcc": "1E+64"'),
+        raw_pay("e4", '"mcc": 1e999999999'),
+        rules=rules,
+    )
+    assert [v["decision"] for v in verdicts] == ["reject", "reject", "accept", "accept"]
+
+
 def test_a_number_matches_the_rule_value_it_equals() -> None:
     rules = (
         "rules:\n  - {id: m, window: day, max_count: 1,"

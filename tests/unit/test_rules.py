@@ -732,3 +732,24 @@ def test_the_rules_keep_nothing_the_yaml_reader_made() -> None:
         "channel": frozenset({"pos"}),
         "mcc": frozenset({f"{n:04d}" for n in range(200)} | {str(10**30 + 49), "6011", "true"}),
     }
+
+
+def test_a_match_number_past_64_digits_is_the_text_of_its_value() -> None:
+    rule = parse_rules(one_rule("window: day\nmax_count: 1\nmatch: {mcc: [1e64, 1e-70]}")).rules[0]
+    assert dict(rule.match) == {"mcc": frozenset({"1" + "0" * 64, "0." + "0" * 69 + "1"})}
+
+
+@pytest.mark.parametrize("value", ["1" * 4301, "-" + "9" * 5000, "1e4300", "1.5e99999"])
+def test_a_match_number_no_event_can_hold_is_refused_by_name(value: str) -> None:
+    # an integer of 4,301 digits was a ValueError from int(), not a refusal; a float that
+    # long was kept as "1E+4300", which no event number could equal
+    message = refusal(one_rule(f"window: day\nmax_count: 1\nmatch: {{mcc: [5411, {value}]}}"))
+    assert message.startswith("rule 'r1': match.mcc: ")
+    assert "would be read as a number of more than 4,300 digits" in message
+    assert "line 5" in message
+    assert len(message) < 300
+
+
+def test_a_long_float_outside_a_match_is_its_text_as_before() -> None:
+    rules = parse_rules(one_rule("window: day\nmax_count: 1\ndescription: 1e5000", "1e5000"))
+    assert rules.rules[0].id == "1e5000"
