@@ -270,14 +270,14 @@ class _RulesLoader(_SafeLoader):
             self.unclear = True
             return _Unclear(node, "a float", "write a plain decimal, or quote it")
         try:
-            Decimal(node.value)
+            number = Decimal(node.value)
         except InvalidOperation:  # an exponent of 10**18 or more: no Decimal holds it
             self.unclear = True
             return _Unclear(
                 node, "a number out of range", "no decimal holds an exponent of 10^18 or more"
             )
         self.floats = True
-        if number_text(Decimal(node.value)) is None:  # refused in a match only
+        if number_text(number) is None:  # refused in a match only
             self.long_floats = True
             long = _LongFloat(node.value)
             long.line = node.start_mark.line + 1
@@ -486,12 +486,10 @@ def parse_rules(text: str | bytes) -> RuleSet:
             f"rules file holds a {_kind(data)}, not a mapping: it needs a 'rules:' list"
             " (see examples/rules.yaml)"
         )
-    if loader.unclear:
-        _refuse_unclear(data)
     if loader.floats:
-        data = _settle_floats(data)
-        if loader.long_floats:
-            _refuse_unclear(data)
+        data = _settle_floats(data)  # (leaves an _Unclear as it is)
+    if loader.unclear or loader.long_floats:
+        _refuse_unclear(data)
     try:
         doc = msgspec.convert(data, RulesDoc)
     except msgspec.ValidationError as exc:
