@@ -270,7 +270,11 @@ class Decider:
         """Rules that can apply to events of a currency, and their index when they have
         one, filled on first sight."""
         self._index: RuleIndex | None = None
-        """The index of every rule, made when a currency first has enough candidates."""
+        """The index of every rule, made here when any currency's candidates use it."""
+        # made now, not by the first event that needs it: 0.45 s at 5,000 rules of 200
+        # MCCs, which the first batch of `run` waited for once it reported ready
+        for currency in {c.currency for c in self._compiled}:
+            self._index_for([c for c in self._compiled if c.currency in (None, currency)])
         self._fast = (
             _fastcore.FastCore(
                 self._compiled,

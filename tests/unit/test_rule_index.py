@@ -77,6 +77,21 @@ def test_an_event_is_planned_against_the_rules_filed_under_its_values_only(
     assert built == [200, 200]
 
 
+def test_the_index_is_built_with_the_decider_not_by_the_first_event(built: list[int]) -> None:
+    """The first event of a large rule set does not wait for the index (0.45 s at 5,000
+    rules of 200 MCCs): `run` reports ready once its decider exists."""
+    only_usd = json.loads(_mcc_rules(10, currency="USD"))["rules"]
+    few = {"id": "few", "window": "day", "max_count": 1, "match": {"mcc": ["1"]}}
+    for text, expected in (
+        (_mcc_rules(200), [200, 200]),
+        (json.dumps({"rules": only_usd}), [10, 10]),  # of one currency only
+        (json.dumps({"rules": [few]}), []),  # too few to index
+    ):
+        built.clear()
+        both(parse_rules(text))
+        assert built == expected
+
+
 def test_one_index_serves_every_currency(built: list[int]) -> None:
     """Rules of no currency apply to events of every one, and each currency may have
     rules of its own (a cap, a limit by MCC): one index of them all, not one per
