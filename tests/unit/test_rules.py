@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import re
 import textwrap
 import tracemalloc
@@ -10,7 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+import schemas.rules as rules_module
 from schemas.rules import (
     Rule,
     RuleChanged,
@@ -753,3 +757,156 @@ def test_a_match_number_no_event_can_hold_is_refused_by_name(value: str) -> None
 def test_a_long_float_outside_a_match_is_its_text_as_before() -> None:
     rules = parse_rules(one_rule("window: day\nmax_count: 1\ndescription: 1e5000", "1e5000"))
     assert rules.rules[0].id == "1e5000"
+
+
+# -- a rules file written as JSON ------------------------------------------------------
+
+_JSON_SCALARS = st.one_of(
+    st.sampled_from(
+        [
+            "5411",
+            "0742",
+            "NO",
+            "day",
+            "CNY",
+            "USD",
+            "JPY",
+            "UTC",
+            "Asia/Shanghai",
+            "a|b",
+            "x y",
+            "1e3",
+            "6011.0",
+            "true",
+            "null",
+            "<<",
+            "#x",
+            "---",
+            "- a",
+            "é",
+            "\U0001f600",
+            "\u2028",
+            "\x85",
+            "\t",
+            "a\\b",
+            'a"b',
+            "\ufeff",
+            "\x7f",
+            "",
+            "5000.00",
+            "*a",
+            "&a",
+        ]
+    ),
+    st.text(max_size=4),
+    st.integers(-5, 10**16),
+    st.sampled_from([0, -0, 10**40, True, False, None, 1.5, 1e3, -2.0, 5000.0]),
+)
+
+
+@st.composite
+def _json_rule(draw: st.DrawFn, n: int) -> dict[str, object]:
+    """A rule, valid unless a field is drawn from ``_JSON_SCALARS`` (one time in 20)."""
+
+    def field(good: st.SearchStrategy[object]) -> object:
+        return draw(_JSON_SCALARS if draw(st.integers(0, 19)) == 0 else good)
+
+    window = field(st.sampled_from(["day", "minute", "week", "lifetime", "transaction"]))
+    rule: dict[str, object] = {"id": field(st.just(f"r{n}")), "window": window}
+    if draw(st.booleans()):
+        rule["scope"] = field(st.sampled_from(["account_id", ["card_id", "mcc"], "card_id"]))
+    if draw(st.booleans()):
+        rule["timezone"] = field(st.sampled_from(["UTC", "Asia/Shanghai", "Europe/London"]))
+    currency = field(st.sampled_from(["CNY", "JPY", "KWD"]))
+    if window == "transaction" or draw(st.booleans()):
+        rule["currency"] = currency
+        rule["max_amount"] = field(st.sampled_from(["5000.00", "7", 5000, 0, "0.5"]))
+    if window != "transaction":
+        rule["max_count"] = field(st.integers(0, 10**15))
+    if draw(st.booleans()):
+        value = st.one_of(
+            st.sampled_from(["5411", "0742", "NO", "pos", "é", "a|b", "x y"]),
+            st.integers(-5, 10**20),
+            st.booleans(),
+        )
+        rule["match"] = field(
+            st.dictionaries(
+                st.sampled_from(["mcc", "channel", "country"]),
+                st.one_of(value, st.lists(value, min_size=1, max_size=4)),
+                min_size=1,
+                max_size=2,
+            )
+        )
+    if draw(st.integers(0, 9)) == 0:
+        rule[draw(st.sampled_from(["description", "extra", "id"]))] = draw(_JSON_SCALARS)
+    return rule
+
+
+@st.composite
+def _json_rules_files(draw: st.DrawFn) -> str:
+    """JSON rules files, mostly valid, written as a program or a person might."""
+    rules = [draw(_json_rule(n)) for n in range(draw(st.integers(0, 4)))]
+    doc: object = draw(
+        st.sampled_from([{"rules": rules}] * 6 + [{"rules": rules, "x": 1}, rules, {"rules": None}])
+    )
+    indent = draw(st.sampled_from([None, None, 2, "\t", " "]))
+    separators = draw(st.sampled_from([None, (",", ":"), (", ", ": "), (" ,", " : ")]))
+    text = json.dumps(doc, indent=indent, separators=separators, ensure_ascii=draw(st.booleans()))
+    edit = draw(st.sampled_from([""] * 5 + ["dup", "crlf", "lead", "trail", "tab", "key"]))
+    if edit == "dup" and text.startswith('{"rules"'):
+        text = '{"rules": [], ' + text[1:]  # the key twice
+    elif edit == "crlf":
+        text = text.replace("\n", "\r\n")
+    elif edit == "lead":
+        text = draw(st.sampled_from(["\n", "  ", "\t", "\ufeff", " \n "])) + text
+    elif edit == "trail":
+        text += draw(st.sampled_from(["\n", "\t", " \n\t", "# note", "\n---\n"]))
+    elif edit == "tab":
+        text = text.replace("\n", "\n\t")
+    elif edit == "key":
+        text = text.replace('":', '"\n:', 1)
+    return text
+
+
+def _outcome(text: str | bytes) -> str:
+    try:
+        return repr(parse_rules(text))
+    except RulesError as exc:
+        return f"refused: {exc}"
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=_json_rules_files())
+def test_a_json_file_read_as_json_means_what_it_means_as_yaml(text: str) -> None:
+    """JSON that YAML reads the same is read as JSON (fast); anything else as YAML: the
+    rules, or the refusal word for word, are those YAML gives."""
+    fast = [_outcome(text), _outcome(text.encode())]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rules_module, "_plain_json", lambda _: None)
+        assert fast == [_outcome(text), _outcome(text.encode())]
+
+
+def test_a_json_file_is_read_as_json_and_yaml_is_not() -> None:
+    """The example rules as JSON (pretty, compact, with tabs, as bytes) take the JSON
+    path; YAML, and JSON that YAML reads otherwise, do not."""
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples/rules.yaml").read_text())
+    for text in (
+        json.dumps(data, indent=2),
+        json.dumps(data, separators=(",", ":")),
+        json.dumps(data, indent="\t") + "\n",
+        json.dumps(data, ensure_ascii=False).encode(),
+    ):
+        assert rules_module._plain_json(text) == data
+        assert parse_rules(text).rules == parse_rules(yaml.safe_dump(data)).rules
+    for text in (
+        yaml.safe_dump(data),  # YAML
+        json.dumps({"rules": [{"id": "a", "max_count": 1e3}]}),  # the text "1e3" in YAML
+        json.dumps({"rules": [{"id": "a\u2028b"}]}, ensure_ascii=False),  # a line break
+        json.dumps({"rules": [{"id": "a\\b"}]}),  # an escape
+        '{"rules": [], "rules": []}',  # refused by YAML, saying where
+        '\t{"rules": []}',  # refused by YAML
+        '{"rules"\n: []}',  # refused by YAML
+        json.dumps({"k" * 300: 1}),  # a long key: YAML refuses one past 1,024
+        '{"rules": [{"id": "r", "max_count": ' + "9" * 4301 + "}]}",  # no int() reads it
+    ):
+        assert rules_module._plain_json(text) is None
