@@ -4,6 +4,7 @@ then decided against it.
 
     python -m benchmarks.rules_load                     # 100, 1,000 and 5,000 rules
     python -m benchmarks.rules_load --rules 1000 --mccs 50
+    python -m benchmarks.rules_load --json              # each file also written as JSON
 
 Each file holds rules of every window, in six zones and six currencies, each with a
 ``match`` on channel and a list of ``--mccs`` MCCs (an issuer's file of limits by
@@ -27,20 +28,24 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 _WINDOWS = ("minute", "hour", "day", "week", "month", "year", "lifetime", "transaction")
 _ZONES = ("UTC", "Asia/Shanghai", "Europe/London", "America/New_York", "Asia/Tokyo", "Asia/Kolkata")
 _CURRENCIES = ("CNY", "USD", "EUR", "JPY", "KWD", "GBP")
 
 _READ = """
-import gc, json, resource, sys, time
+import gc, json, sys, time
 t = time.perf_counter()
 from schemas.rules import load_rules
 rules = load_rules(sys.argv[1])
 seconds = time.perf_counter() - t
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+def status(name):  # VmHWM: ru_maxrss would count what this process shared with its parent
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) // 1024 for line in lines if line.startswith(name))
+peak = status("VmHWM:")
 gc.collect()
-with open("/proc/self/status") as status:
-    kept = next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmRSS:"))
+kept = status("VmRSS:")
 from handlers.decide import Decider
 from handlers.state import Snapshot, WorkingState
 from schemas.events import parse_event
@@ -114,18 +119,28 @@ def main() -> None:
     parser.add_argument("--rules", type=int, nargs="+", default=[100, 1000, 5000])
     parser.add_argument("--mccs", type=int, default=200, help="MCCs in each rule's match")
     parser.add_argument("--events", type=int, default=20_000, help="payments to decide")
+    parser.add_argument(
+        "--json", action="store_true", help="also read each file written as JSON (indented)"
+    )
     args = parser.parse_args()
     root = Path(__file__).resolve().parents[1]
     print(
-        f"{'rules':>6} {'file MB':>8} {'load s':>7} {'peak MiB':>9} {'kept MiB':>9}"
+        f"{'rules':>11} {'file MB':>8} {'load s':>7} {'peak MiB':>9} {'kept MiB':>9}"
         f" {'decider s':>10} {'rules/event':>12} {'decided/s':>10} {'Python path/s':>14}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         stream = Path(tmp) / "events.jsonl"
         stream.write_text(events_file(args.events))
+        files = []
         for count in args.rules:
             path = Path(tmp) / f"rules-{count}.yaml"
             path.write_text(rules_file(count, args.mccs))
+            files.append((count, path))
+            if args.json:
+                as_json = path.with_suffix(".json")
+                as_json.write_text(json.dumps(yaml.safe_load(path.read_text()), indent=2))
+                files.append((count, as_json))
+        for count, path in files:
             done = subprocess.run(
                 [sys.executable, "-c", _READ, str(path), str(stream)],
                 cwd=root,
@@ -136,8 +151,9 @@ def main() -> None:
             figures = json.loads(done.stdout)
             assert figures["rules"] == count
             size = path.stat().st_size / 1e6
+            label = f"{count:,}" + (" JSON" if path.suffix == ".json" else "")
             print(
-                f"{count:>6} {size:>8.1f} {figures['seconds']:>7.2f} {figures['peak_mib']:>9}"
+                f"{label:>11} {size:>8.1f} {figures['seconds']:>7.2f} {figures['peak_mib']:>9}"
                 f" {figures['kept_mib']:>9} {figures['decider']:>10.2f}"
                 f" {figures['applied']:>12.2f} {figures['compiled']:>10,.0f}"
                 f" {figures['python']:>14,.0f}"
