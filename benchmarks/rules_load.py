@@ -13,7 +13,7 @@ so the peak RSS is that of the read alone, and the kept RSS what stays resident 
 it is done (the interpreter, ~20 MiB, included). The same process then plans and decides
 ``--events`` payments in time order, in the six currencies, over 10,000 MCCs, three
 channels and 5,000 accounts, on the compiled path and on the Python path alone. The
-``Decider``, which builds the ``RuleIndex`` (before 2026-11-27 21:00, the first event
+``Decider``, which builds the ``RuleIndex`` (before 2026-11-27 20:11, the first event
 that needed it did, and that time was in decided/s), is timed apart: ``decider s``.
 Not a test: figures vary with the machine's load.
 """
