@@ -559,11 +559,11 @@ def parse_rules(text: str | bytes) -> RuleSet:
             f"rules file holds a {_kind(data)}, not a mapping: it needs a 'rules:' list"
             " (see examples/rules.yaml)"
         )
-    # (JSON read as such holds no float, nor anything unclear)
-    if loader is not None and loader.floats:
-        data = _settle_floats(data)  # (leaves an _Unclear as it is)
-    if loader is not None and (loader.unclear or loader.long_floats):
-        _refuse_unclear(data)
+    if loader is not None:  # (JSON read as such holds no float, nor anything unclear)
+        if loader.floats:
+            data = _settle_floats(data)  # (leaves an _Unclear as it is)
+        if loader.unclear or loader.long_floats:
+            _refuse_unclear(data)
     try:
         doc = msgspec.convert(data, RulesDoc)
     except msgspec.ValidationError as exc:
