@@ -138,7 +138,9 @@ def main() -> None:
             files.append((count, path))
             if args.json:
                 as_json = path.with_suffix(".json")
-                as_json.write_text(json.dumps(yaml.safe_load(path.read_text()), indent=2))
+                # libyaml's reader: yaml.safe_load's pure-Python one takes ~54 s at 5,000 rules
+                data = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
+                as_json.write_text(json.dumps(data, indent=2))
                 files.append((count, as_json))
         for count, path in files:
             done = subprocess.run(
