@@ -36,6 +36,7 @@ from aiokafka.admin import (  # type: ignore[import-untyped]
 
 from benchmarks.generate import events as generated_events
 from tests.faust_worker import faust_worker
+from tests.integration.test_kafka_run import _rows, counters
 from tests.servers import KafkaBroker, free_port, kafka_broker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +89,9 @@ def input_lines() -> list[bytes]:
     return [line for line in sample if line.strip()] + generated_events(1_500, accounts=150)
 
 
-def replay(lines: list[bytes], tmp_path: Path) -> tuple[list[bytes], list[dict[str, object]]]:
+def replay(
+    lines: list[bytes], tmp_path: Path, store: str = "memory://"
+) -> tuple[list[bytes], list[dict[str, object]]]:
     """Verdict lines and dead letters of ``limitflow replay`` on ``lines``."""
     source = tmp_path / "events.jsonl"
     source.write_bytes(b"\n".join(lines) + b"\n")
@@ -97,7 +100,7 @@ def replay(lines: list[bytes], tmp_path: Path) -> tuple[list[bytes], list[dict[s
         [
             *[sys.executable, "-m", "limitflow", "replay"],
             *["--rules", str(RULES), "--input", str(source)],
-            *["--output", str(verdicts), "--dead-letter", str(dead), "--store", "memory://"],
+            *["--output", str(verdicts), "--dead-letter", str(dead), "--store", store],
         ],
         check=True,
         cwd=ROOT,
@@ -296,6 +299,77 @@ async def test_verdicts_equal_replay_and_topic_replay_repeats_them(
         assert again.stop() == 0, (tmp_path / "w2.log").read_text()[-3000:]
     assert sorted(value for _, value, _ in out2) == sorted(expected * 2)
     assert len(letters2) == 2 * len(expected_dead)
+
+
+async def test_kill_9_mid_stream_then_restart_loses_and_double_counts_nothing(
+    kafka: KafkaBroker, topics: Topics, tmp_path: Path
+) -> None:
+    """A worker killed with SIGKILL mid-stream, then started again in its group: every
+    event gets the verdict replay gives it (one published twice, identical both times),
+    every bad record its dead letter, and the store holds exactly replay's counters."""
+    sample = (ROOT / "examples" / "events.jsonl").read_bytes().splitlines()
+    lines = [line for line in sample if line.strip()] + generated_events(6_000, accounts=300)
+    lines = lines[:700] + BAD_INPUT + lines[700:]
+    replayed = f"sqlite:///{tmp_path / 'replay.db'}"
+    expected, expected_dead = replay(lines, tmp_path, replayed)
+    await produce(kafka, topics.input, lines)
+    store = f"sqlite:///{tmp_path / 'faust.db'}"
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    first = Worker(kafka, topics, store, group, tmp_path / "w1.log", batch_size="20")
+    probe = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, group_id=group)
+    await probe.start()
+    try:
+        # killed once it has committed some offsets: the restart resumes from them, and
+        # what came after them is delivered again
+        deadline = time.monotonic() + 90
+        while not await probe.committed(TopicPartition(topics.input, 0)):
+            assert first.proc.poll() is None, first.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, first.log.read_text()[-3000:]
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
+    finally:
+        first.kill()
+        await probe.stop()
+    decided = _rows(store)
+    assert 0 < decided < len(counters(replayed)["events"]), "killed too late to be mid-stream"
+
+    again = Worker(kafka, topics, store, group, tmp_path / "w2.log", batch_size="20")
+    consumer = AIOKafkaConsumer(
+        topics.output,
+        topics.dead,
+        bootstrap_servers=kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    by_source: dict[bytes, set[bytes]] = {}
+    letters: dict[int, set[bytes]] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while len(by_source) < len(expected) or len(letters) < len(expected_dead):
+            assert again.proc.poll() is None, again.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, (
+                f"{len(by_source)}/{len(expected)} verdicts, {len(letters)}/"
+                f"{len(expected_dead)} dead letters; {again.log.read_text()[-3000:]}"
+            )
+            for tp, records in (await consumer.getmany(timeout_ms=500)).items():
+                for record in records:
+                    assert record.value is not None
+                    if tp.topic == topics.output:
+                        source = dict(record.headers)["source"]
+                        by_source.setdefault(source, set()).add(record.value)
+                    else:
+                        offset = json.loads(record.value)["source"]["offset"]
+                        letters.setdefault(offset, set()).add(record.value)
+    finally:
+        await consumer.stop()
+        assert again.stop() == 0, again.log.read_text()[-3000:]
+    # an event decided before the kill and published again after it: the same bytes
+    assert all(len(values) == 1 for values in by_source.values())
+    assert all(len(values) == 1 for values in letters.values())
+    assert sorted(value for (value,) in by_source.values()) == sorted(expected)
+    assert sorted(letters) == sorted(d["source"]["line"] - 1 for d in expected_dead)  # type: ignore[index]
+    # and nothing was counted twice or lost
+    assert counters(store) == counters(replayed)
 
 
 async def test_a_worker_given_an_empty_assignment_joins_again_and_decides(
