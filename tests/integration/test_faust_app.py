@@ -36,7 +36,14 @@ from aiokafka.admin import (  # type: ignore[import-untyped]
 
 from benchmarks.generate import events as generated_events
 from tests.faust_worker import faust_worker
-from tests.integration.test_kafka_run import _rows, counters
+from tests.integration.test_kafka_run import (
+    Setup,
+    _rows,
+    check_against_replay,
+    counters,
+    make_events,
+)
+from tests.integration.test_kafka_run import produce as produce_keyed
 from tests.servers import KafkaBroker, free_port, kafka_broker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -370,6 +377,40 @@ async def test_kill_9_mid_stream_then_restart_loses_and_double_counts_nothing(
     assert sorted(letters) == sorted(d["source"]["line"] - 1 for d in expected_dead)  # type: ignore[index]
     # and nothing was counted twice or lost
     assert counters(store) == counters(replayed)
+
+
+async def test_a_second_worker_joining_mid_stream_splits_the_work(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """A second worker of the group started mid-stream on the same store, as a team
+    scales a faust app out: the partitions are split between the two (a rebalance while
+    the first is deciding), and together they publish replay's verdicts and dead
+    letters, one distinct value per input record, and leave replay's counters."""
+    setup = Setup(kafka.bootstrap_servers, tmp_path, f"faust2-{uuid.uuid4().hex[:6]}")
+    setup.create_topics()  # 4 input partitions
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    names = Topics()
+    names.input, names.output, names.dead = setup.topics
+    lines = make_events(2_000, seed=41)
+    half = len(lines) // 2
+    workers = [Worker(kafka, names, setup.store, group, tmp_path / "w1.log", batch_size="20")]
+    try:
+        sources = await produce_keyed(setup.bootstrap, names.input, lines[:half])
+        wait_for_log(workers[0], f"| {names.input} | {{0-3}}", 90)
+        while _rows(setup.store) < 100:  # deciding
+            await asyncio.sleep(0.05)
+        workers.append(
+            Worker(kafka, names, setup.store, group, tmp_path / "w2.log", batch_size="20")
+        )
+        wait_for_log(workers[1], f"| {names.input} | {{", 90)  # given some partitions
+        sources += await produce_keyed(setup.bootstrap, names.input, lines[half:])
+        await check_against_replay(setup, lines, sources)
+    finally:
+        for worker in workers:
+            assert worker.stop() == 0, worker.log.read_text()[-3000:]
+    # the first gave some partitions up to the second
+    assert f"| {names.input} | {{0-3}}" in workers[0].log.read_text()
+    assert workers[0].log.read_text().count("Setting newly assigned partitions") >= 2
 
 
 async def test_a_worker_given_an_empty_assignment_joins_again_and_decides(
