@@ -49,7 +49,10 @@ LIMITFLOW_DYNAMODB_JAVA_OPTS (JVM options for DynamoDB Local).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import hmac
 import http.client
 import json
 import os
@@ -66,7 +69,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVERS_DIR = Path(os.environ.get("LIMITFLOW_SERVERS_DIR", REPO_ROOT / ".servers"))
@@ -731,9 +734,10 @@ async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
 
 class _TlsFront:
     """A TLS server on a port of its own that forwards each connection's plain bytes to
-    ``target``, in a thread with its own event loop (the tests block theirs at times)."""
+    ``target``, in a thread with its own event loop (the tests block theirs at times);
+    with no ``context``, a plain TCP server (``_SaslFront`` builds on it)."""
 
-    def __init__(self, port: int, target: int, context: ssl.SSLContext) -> None:
+    def __init__(self, port: int, target: int, context: ssl.SSLContext | None) -> None:
         self.port, self.target, self.context = port, target, context
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -754,8 +758,21 @@ class _TlsFront:
             await closed([client_w])
             return
         self._open.add(server_w)
-        await asyncio.gather(pipe(client_r, server_w), pipe(server_r, client_w))
+        if await self._admit(client_r, client_w, server_r, server_w):
+            await asyncio.gather(pipe(client_r, server_w), pipe(server_r, client_w))
+        else:
+            await closed([client_w, server_w])
         self._open.difference_update((client_w, server_w))
+
+    async def _admit(
+        self,
+        client_r: asyncio.StreamReader,
+        client_w: asyncio.StreamWriter,
+        server_r: asyncio.StreamReader,
+        server_w: asyncio.StreamWriter,
+    ) -> bool:
+        """Whether to forward the connection from here on (every one, here)."""
+        return True
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
@@ -771,7 +788,7 @@ class _TlsFront:
     def __enter__(self) -> _TlsFront:
         self.thread.start()
         if not self._ready.wait(10):
-            raise ServerStartError(f"TLS front on port {self.port} did not start")
+            raise ServerStartError(f"{type(self).__name__} on port {self.port} did not start")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -781,17 +798,180 @@ class _TlsFront:
         self.loop.close()
 
 
-@contextlib.contextmanager
-def kafka_behind_tls(certificates: dict[str, Path]) -> Iterator[KafkaBroker]:
-    """A tansu broker that clients reach only through TLS: tansu listens in plain on one
-    port and advertises another, where a TLS server (``certificates["server"]``)
-    forwards to it and asks each client for a certificate signed by
-    ``certificates["ca"]`` (mutual TLS). Native always: tansu 0.6's own TLS listener
-    (``--cert``) does not complete a handshake, and the Docker broker is not set up so."""
-    front_port = free_port()
+_SASL_HANDSHAKE, _SASL_AUTHENTICATE, _API_VERSIONS = 17, 36, 18
+_SASL_AUTHENTICATION_FAILED, _UNSUPPORTED_SASL_MECHANISM, _ILLEGAL_SASL_STATE = 58, 33, 34
+SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _kafka_string(data: bytes, at: int) -> tuple[str | None, int]:
+    """A Kafka protocol (nullable) string at ``at``, and where it ends."""
+    (size,) = struct.unpack_from(">h", data, at)
+    if size < 0:
+        return None, at + 2
+    return data[at + 2 : at + 2 + size].decode(), at + 2 + size
+
+
+class _Scram:
+    """The broker's side of one SCRAM exchange (RFC 5802), as Kafka runs it: the client's
+    first message, then its proof, each answered; ``user`` once the proof checks."""
+
+    def __init__(self, mechanism: str, users: dict[str, str]) -> None:
+        self.hash = "sha256" if mechanism == "SCRAM-SHA-256" else "sha512"
+        self.users = users
+        self.user: str | None = None
+        self._first: tuple[str, str, bytes, str] | None = None
+
+    def _hmac(self, key: bytes, message: bytes) -> bytes:
+        return hmac.new(key, message, self.hash).digest()
+
+    def step(self, message: str) -> str | None:
+        """The answer to ``message``, or None: refused."""
+        if self._first is None:
+            if not message.startswith("n,,"):
+                return None
+            bare = message[3:]
+            fields = dict(part.split("=", 1) for part in bare.split(","))
+            name = fields.get("n", "").replace("=2C", ",").replace("=3D", "=")
+            salt = os.urandom(16)
+            nonce = fields.get("r", "") + os.urandom(12).hex()
+            server_first = f"r={nonce},s={base64.b64encode(salt).decode()},i=4096"
+            self._first = (name, bare, salt, server_first)
+            return server_first
+        name, bare, salt, server_first = self._first
+        without_proof, _, proof = message.rpartition(",p=")
+        password = self.users.get(name)
+        if password is None or not without_proof.endswith(server_first.split(",")[0][2:]):
+            return None
+        salted = hashlib.pbkdf2_hmac(self.hash, password.encode(), salt, 4096)
+        client_key = self._hmac(salted, b"Client Key")
+        stored_key = hashlib.new(self.hash, client_key).digest()
+        auth = f"{bare},{server_first},{without_proof}".encode()
+        signature = self._hmac(stored_key, auth)
+        try:
+            given = base64.b64decode(proof)
+        except ValueError:
+            return None
+        if len(given) != len(signature):
+            return None
+        key = bytes(a ^ b for a, b in zip(given, signature, strict=True))
+        if hashlib.new(self.hash, key).digest() != stored_key:
+            return None
+        self.user = name
+        server_signature = self._hmac(self._hmac(salted, b"Server Key"), auth)
+        return f"v={base64.b64encode(server_signature).decode()}"
+
+
+class _SaslFront(_TlsFront):
+    """A Kafka listener with SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) in front of a
+    broker without it, over TLS too when given a ``context``. Each connection may ask for
+    the API versions and must then authenticate (SaslHandshake v0-1, SaslAuthenticate
+    v0-1, what Kafka's clients send) as one of ``users`` (name: password) before anything
+    else: any other request first, or a wrong password, closes the connection, as a
+    Kafka broker with SASL does. ``refused`` counts the failed authentications."""
+
+    def __init__(
+        self, port: int, target: int, users: dict[str, str], context: ssl.SSLContext | None
+    ) -> None:
+        super().__init__(port, target, context)
+        self.users = users
+        self.refused = 0
+        self.admitted: list[tuple[str, str]] = []
+        """(mechanism, user) of each authenticated connection."""
+
+    async def _admit(
+        self,
+        client_r: asyncio.StreamReader,
+        client_w: asyncio.StreamWriter,
+        server_r: asyncio.StreamReader,
+        server_w: asyncio.StreamWriter,
+    ) -> bool:
+        mechanism: str | None = None
+        scram: _Scram | None = None
+        with contextlib.suppress(
+            OSError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError
+        ):
+            while True:
+                size = await client_r.readexactly(4)
+                request = await client_r.readexactly(struct.unpack(">i", size)[0])
+                api_key, version, correlation = struct.unpack_from(">hhi", request)
+                if api_key == _API_VERSIONS:  # the broker's own answer
+                    server_w.write(size + request)
+                    await server_w.drain()
+                    size = await server_r.readexactly(4)
+                    client_w.write(size + await server_r.readexactly(struct.unpack(">i", size)[0]))
+                    await client_w.drain()
+                    continue
+                _, at = _kafka_string(request, 8)  # the client id
+                if api_key == _SASL_HANDSHAKE and version <= 1 and mechanism is None:
+                    asked, _ = _kafka_string(request, at)
+                    known = asked in SASL_MECHANISMS
+                    mechanism = asked if known and asked else None
+                    body = struct.pack(">hi", 0 if known else _UNSUPPORTED_SASL_MECHANISM, 3)
+                    body += b"".join(
+                        struct.pack(">h", len(m)) + m.encode() for m in SASL_MECHANISMS
+                    )
+                    await self._answer(client_w, correlation, body)
+                    if not known:
+                        return False
+                    if mechanism is not None and mechanism != "PLAIN":
+                        scram = _Scram(mechanism, self.users)
+                    continue
+                if api_key == _SASL_AUTHENTICATE and version <= 1 and mechanism is not None:
+                    (length,) = struct.unpack_from(">i", request, at)
+                    token = request[at + 4 : at + 4 + length]
+                    user: str | None = None
+                    answer: str | None = ""
+                    if scram is None:  # authzid NUL user NUL password
+                        parts = token.decode(errors="replace").split("\0")
+                        if len(parts) == 3 and self.users.get(parts[1]) == parts[2]:
+                            user = parts[1]
+                    else:
+                        answer = scram.step(token.decode(errors="replace"))
+                        user = scram.user
+                    if answer is None or (scram is None and user is None):
+                        self.refused += 1
+                        error = "Authentication failed: Invalid username or password"
+                        body = struct.pack(">hh", _SASL_AUTHENTICATION_FAILED, len(error))
+                        body += error.encode() + struct.pack(">i", 0)
+                        await self._answer(client_w, correlation, body, version)
+                        return False
+                    body = struct.pack(">hhi", 0, -1, len(answer)) + answer.encode()
+                    await self._answer(client_w, correlation, body, version)
+                    if user is not None:
+                        self.admitted.append((mechanism, user))
+                        return True
+                    continue
+                return False  # anything else before authenticating
+        return False
+
+    @staticmethod
+    async def _answer(
+        writer: asyncio.StreamWriter, correlation: int, body: bytes, version: int = 0
+    ) -> None:
+        """A response of header v0; SaslAuthenticate v1's ends with a session lifetime."""
+        if version >= 1:
+            body += struct.pack(">q", 0)
+        message = struct.pack(">i", correlation) + body
+        writer.write(struct.pack(">i", len(message)) + message)
+        await writer.drain()
+
+
+def _tls_server_context(certificates: dict[str, Path]) -> ssl.SSLContext:
+    """A broker's TLS: ``certificates["server"]``, and a client certificate signed by
+    ``certificates["ca"]`` asked of each client (mutual TLS)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=certificates["ca"])
     context.load_cert_chain(certificates["server"], certificates["server_key"])
     context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+@contextlib.contextmanager
+def _tansu_behind(
+    name: str, front: Callable[[int, int], _TlsFront]
+) -> Iterator[tuple[KafkaBroker, _TlsFront]]:
+    """A tansu broker that clients reach only through ``front(port, tansu's port)``:
+    tansu listens in plain on one port and advertises the front's."""
+    front_port = free_port()
     binary = str(tansu_binary())
 
     def argv(port: int) -> list[str]:
@@ -806,18 +986,50 @@ def kafka_behind_tls(certificates: dict[str, Path]) -> Iterator[KafkaBroker]:
             "memory://tansu/",
         ]
 
-    with _workdir("kafka-tls") as workdir:
+    with _workdir(name) as workdir:
         handle = KafkaBroker("tansu")
         handle._process = _Process(
             "tansu", argv, lambda port: _ignore(kafka_probe(LOOPBACK, port)), workdir
         )
         try:
             handle._process.first_start()
-            with _TlsFront(front_port, handle._process.port, context):
+            with front(front_port, handle._process.port) as server:
                 handle.bootstrap_servers = f"{LOOPBACK}:{front_port}"
-                yield handle
+                yield handle, server
         finally:
             handle._close()
+
+
+@contextlib.contextmanager
+def kafka_behind_tls(certificates: dict[str, Path]) -> Iterator[KafkaBroker]:
+    """A tansu broker that clients reach only through TLS: a TLS server
+    (``certificates["server"]``) forwards to it and asks each client for a certificate
+    signed by ``certificates["ca"]`` (mutual TLS). Native always: tansu 0.6's own TLS
+    listener (``--cert``) does not complete a handshake, and the Docker broker is not set
+    up so."""
+    context = _tls_server_context(certificates)
+    with _tansu_behind("kafka-tls", lambda port, target: _TlsFront(port, target, context)) as (
+        handle,
+        _,
+    ):
+        yield handle
+
+
+@contextlib.contextmanager
+def kafka_behind_sasl(
+    users: dict[str, str], certificates: dict[str, Path] | None = None
+) -> Iterator[tuple[KafkaBroker, _SaslFront]]:
+    """A tansu broker that clients reach only by authenticating with SASL (PLAIN,
+    SCRAM-SHA-256 or SCRAM-SHA-512) as one of ``users`` (name: password), over mutual
+    TLS too with ``certificates`` (SASL_SSL; else SASL_PLAINTEXT). Native always: tansu
+    0.6 has SASL but no way to make its first user; ``_SaslFront`` authenticates instead,
+    as a Kafka broker's SASL listener does, and forwards what follows."""
+    context = None if certificates is None else _tls_server_context(certificates)
+    with _tansu_behind(
+        "kafka-sasl", lambda port, target: _SaslFront(port, target, users, context)
+    ) as (handle, front):
+        assert isinstance(front, _SaslFront)
+        yield handle, front
 
 
 @contextlib.contextmanager
