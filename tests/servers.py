@@ -70,6 +70,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVERS_DIR = Path(os.environ.get("LIMITFLOW_SERVERS_DIR", REPO_ROOT / ".servers"))
@@ -624,11 +625,13 @@ def _ignore(_: object) -> None:
 # Runs inside .servers/mongo-venv (Python >= 3.13): mongoeco has no CLI, its
 # wire server is the AsyncMongoEcoProxyServer class.
 _MONGO_RUNNER = """
-import asyncio, signal, sys
+import asyncio, json, signal, sys
 from mongoeco.wire import AsyncMongoEcoProxyServer
+from mongoeco.wire.auth import WireAuthUser
 
-async def main(host, port):
-    server = AsyncMongoEcoProxyServer(host=host, port=port)
+async def main(host, port, users):
+    auth = tuple(WireAuthUser(name, password) for name, password in users.items())
+    server = AsyncMongoEcoProxyServer(host=host, port=port, auth_users=auth)
     addr = await server.start()
     print(f"mongoeco wire server listening on {addr.host}:{addr.port}", flush=True)
     stop = asyncio.Event()
@@ -638,25 +641,34 @@ async def main(host, port):
     await stop.wait()
     await server.close()
 
-asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])))
 """
 
 
-def _native_mongo(workdir: Path) -> _Process:
+def _native_mongo(workdir: Path, users: dict[str, str] | None = None) -> _Process:
+    """mongoeco's wire server; with ``users`` (name: password, in ``admin``), one that
+    answers nothing but a login until a client has logged in as one of them."""
     python = _require(
         SERVERS_DIR / "mongo-venv" / "bin" / "python", "mongoeco venv (.servers/mongo-venv)"
     )
+    users = users or {}
+    probe_as = next(iter(users.items()), None)
 
     def argv(port: int) -> list[str]:
-        return [str(python), "-c", _MONGO_RUNNER, LOOPBACK, str(port)]
+        return [str(python), "-c", _MONGO_RUNNER, LOOPBACK, str(port), json.dumps(users)]
+
+    def probe(port: int) -> None:
+        if probe_as is None:
+            mongo_probe(f"mongodb://{LOOPBACK}:{port}/")
+        else:  # mongoeco announces no mechanisms, and gets SCRAM-SHA-1 wrong
+            login = ":".join(quote(part, safe="") for part in probe_as)
+            mongo_probe(f"mongodb://{login}@{LOOPBACK}:{port}/?authMechanism=SCRAM-SHA-256")
 
     env = {
         k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}
     }
     env["PYTHONUNBUFFERED"] = "1"
-    return _Process(
-        "mongoeco", argv, lambda port: mongo_probe(f"mongodb://{LOOPBACK}:{port}/"), workdir, env
-    )
+    return _Process("mongoeco", argv, probe, workdir, env)
 
 
 # --------------------------------------------------------------------------
@@ -1060,6 +1072,22 @@ def mongo_server() -> Iterator[MongoServer]:
     with _workdir("mongo") as workdir:
         handle = MongoServer()
         handle._process = _native_mongo(workdir)
+        try:
+            handle._process.first_start()
+            handle.uri = f"mongodb://{LOOPBACK}:{handle._process.port}/"
+            yield handle
+        finally:
+            handle._close()
+
+
+@contextlib.contextmanager
+def mongo_server_with_users(users: dict[str, str]) -> Iterator[MongoServer]:
+    """A MongoDB wire-protocol server that takes only clients logged in (SCRAM-SHA-256)
+    as one of ``users`` (name: password, in ``admin``); ``uri`` names no user. Native
+    always: mongoeco's own authentication."""
+    with _workdir("mongo-auth") as workdir:
+        handle = MongoServer()
+        handle._process = _native_mongo(workdir, users)
         try:
             handle._process.first_start()
             handle.uri = f"mongodb://{LOOPBACK}:{handle._process.port}/"
