@@ -386,6 +386,7 @@ _PLAIN_OPTIONS: Final = frozenset(
         "region",
         "replicaSet",
         "authSource",
+        "authMechanism",
         "tls",
         "directConnection",
         "serverSelectionTimeoutMS",

@@ -92,6 +92,7 @@ COMMIT_ATTEMPTS = 3
 # fresh read. WriteConflict, LockTimeout, NoSuchTransaction (aborted under us),
 # TransactionCoordinatorSteppingDown / ...ReachedAbortDecision, TransactionTooOld.
 _CONFLICT_CODES = frozenset({112, 24, 251, 244, 282, 225})
+_AUTHENTICATION_FAILED: Final = 18
 _ILLEGAL_OPERATION: Final = 20
 _DUPLICATE_KEY = 11000
 _NOT_INITIALIZED_CODES = frozenset({26})  # NamespaceNotFound
@@ -150,8 +151,8 @@ class MongoStore(Store):
         """
         driver_url, database = split_url(url)
         secret: dict[str, str] = {}
+        given = urlsplit(url)
         if password is not None:
-            given = urlsplit(url)
             if not given.username:
                 raise ConfigError(
                     f"{redacted(url)}: LIMITFLOW_STORE_PASSWORD is set, and the URL names no"
@@ -179,6 +180,8 @@ class MongoStore(Store):
         except (ConfigurationError, UserWarning) as exc:
             # PyMongo ends an unknown option's message pointing at its docstring: not ours
             said = str(exc).removesuffix(" Refer to docstring.")
+            if password is None and given.username and "password is required" in said:
+                said += f" for user {given.username!r}: set LIMITFLOW_STORE_PASSWORD"
             raise ConfigError(f"{redacted(url)}: {said}") from exc
         except PyMongoError as exc:
             raise _translate(exc) from exc
@@ -617,6 +620,11 @@ def _translate(exc: PyMongoError) -> StoreError:
             return StoreNotInitialized(f"MongoDB: {exc}")
         if exc.code in _UNAVAILABLE_CODES or exc.has_error_label("UnknownTransactionCommitResult"):
             return StoreUnavailable(f"MongoDB unavailable: {exc}")
+        if _is_login_refused(exc):
+            return StoreRejected(
+                f"MongoDB refused the login: {(exc.details or {}).get('errmsg') or exc} (check the"
+                " user the URL names, and its password: LIMITFLOW_STORE_PASSWORD, or the URL)"
+            )
         if exc.code == _ILLEGAL_OPERATION:  # what a standalone mongod says to a transaction
             return StoreRejected(
                 f"MongoDB refused the request: {exc} (limitflow commits in transactions, which"
@@ -627,6 +635,15 @@ def _translate(exc: PyMongoError) -> StoreError:
     if exc.has_error_label("UnknownTransactionCommitResult"):
         return StoreUnavailable(f"MongoDB commit outcome unknown: {exc}")
     return StoreRejected(f"MongoDB: {exc}")
+
+
+def _is_login_refused(exc: OperationFailure) -> bool:
+    """Whether the server refused the driver's login: AuthenticationFailed (18), or
+    a server that gives no code (mongoeco) saying so."""
+    if exc.code == _AUTHENTICATION_FAILED:
+        return True
+    said = (exc.details or {}).get("errmsg")
+    return exc.code is None and isinstance(said, str) and said.startswith("Authentication failed")
 
 
 def _bulk_reason(exc: BulkWriteError) -> str:

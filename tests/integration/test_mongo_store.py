@@ -36,6 +36,7 @@ from schemas.events import EventType
 from stores import open_store
 from stores.base import DAY, Retention
 from stores.mongo import TTL_INDEX, MongoStore, _translate, split_url
+from tests.servers import mongo_server_with_users
 
 REPO = Path(__file__).resolve().parents[2]
 LIMITFLOW = [sys.executable, "-m", "limitflow"]
@@ -645,6 +646,65 @@ def test_replay_matches_memory_byte_for_byte(
     verdicts = outputs["mongo"][0].decode().splitlines()
     assert any('"decision":"reject"' in line for line in verdicts)
     assert any('"type":"reversal"' in line for line in verdicts)
+
+
+@pytest.mark.integration
+def test_a_user_logs_in_with_the_password_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that answers only clients logged in: the URL names the user alone, every
+    command reads the password from LIMITFLOW_STORE_PASSWORD, and a wrong or missing one
+    is refused in one line that shows no password. (mongoeco announces no mechanisms, so
+    the driver would log in with SCRAM-SHA-1, which mongoeco gets wrong: the URL asks for
+    SCRAM-SHA-256, which the driver picks by itself on MongoDB 4.0 and later.)"""
+    password = "pa ss:w@rd/?#"  # what a URL would have to escape
+    events = tmp_path / "events.jsonl"
+    events.write_text((REPO / "examples" / "events.jsonl").read_text())
+    rules = REPO / "examples" / "rules.yaml"
+    with mongo_server_with_users({"app": password}) as server:
+        url = (
+            f"mongodb://app@{urlsplit(server.uri).netloc}/{fresh_database()}"
+            "?authMechanism=SCRAM-SHA-256&serverSelectionTimeoutMS=5000"
+        )
+        monkeypatch.setenv("LIMITFLOW_STORE_PASSWORD", password)
+        init_store(url)
+        outputs = {}
+        for name, store in (("memory", "memory://"), ("mongo", url)):
+            (tmp_path / name).mkdir()
+            done = run_replay(store, events, tmp_path / name, rules)
+            assert done.returncode == 0, done.stderr
+            outputs[name] = (tmp_path / name / "verdicts.jsonl").read_bytes()
+        assert outputs["mongo"] == outputs["memory"]
+        checked = subprocess.run(
+            [*LIMITFLOW, "rules", "check", str(rules), "--store", url],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert checked.returncode == 0, checked.stderr
+        for given in ("not the password", None):
+            if given is None:
+                monkeypatch.delenv("LIMITFLOW_STORE_PASSWORD")
+            else:
+                monkeypatch.setenv("LIMITFLOW_STORE_PASSWORD", given)
+            (tmp_path / "refused").mkdir(exist_ok=True)
+            refused = run_replay(url, events, tmp_path / "refused", rules)
+            assert refused.returncode == 3, refused.stderr
+            (line,) = refused.stderr.strip().splitlines()
+            if given is None:
+                assert line == (
+                    f"limitflow: store: {url}: A password is required for user 'app': set"
+                    " LIMITFLOW_STORE_PASSWORD"
+                )
+            else:
+                assert line == (
+                    "limitflow: store: MongoDB refused the login: Authentication failed (check"
+                    " the user the URL names, and its password: LIMITFLOW_STORE_PASSWORD, or"
+                    " the URL)"
+                )
+            assert password not in line and "not the password" not in line
 
 
 # -- several processes on one merchant bucket ------------------------------------------------

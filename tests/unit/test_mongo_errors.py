@@ -39,3 +39,37 @@ def test_a_write_concern_limitflow_would_override_is_refused() -> None:
     with pytest.raises(ConfigError, match="at most 63 bytes"):
         split_url(f"mongodb://h:1/{'a' * 64}")
     assert split_url(f"mongodb://h:1/{'a' * 63}")[1] == "a" * 63
+
+
+def test_a_refused_login_says_where_the_password_comes_from() -> None:
+    # was: "MongoDB refused the request: Authentication failed., full error: {…}"
+    from pymongo.errors import OperationFailure
+
+    from limitflow.errors import StoreRejected
+
+    real = OperationFailure(  # what MongoDB says
+        "Authentication failed.",
+        18,
+        {"ok": 0.0, "errmsg": "Authentication failed.", "code": 18},
+    )
+    emulated = OperationFailure(  # what mongoeco says: no code
+        "Authentication failed", None, {"ok": 0.0, "errmsg": "Authentication failed"}
+    )
+    for driver in (real, emulated):
+        error = _translate(driver)
+        assert isinstance(error, StoreRejected)
+        assert str(error).startswith("MongoDB refused the login: Authentication failed")
+        assert str(error).endswith(
+            "(check the user the URL names, and its password: LIMITFLOW_STORE_PASSWORD, or the URL)"
+        )
+    other = OperationFailure("not authorized on lf", 13, {"errmsg": "not authorized on lf"})
+    assert str(_translate(other)).startswith("MongoDB refused the request: not authorized")
+
+
+def test_a_mechanism_shows_in_messages_and_a_secret_option_does_not() -> None:
+    from stores.base import redacted
+
+    url = "mongodb://app@h:1/lf?authMechanism=SCRAM-SHA-256&authMechanismProperties=TOKEN:x"
+    assert redacted(url) == (
+        "mongodb://app@h:1/lf?authMechanism=SCRAM-SHA-256&authMechanismProperties=***"
+    )
