@@ -811,7 +811,7 @@ class _TlsFront:
 
 
 _SASL_HANDSHAKE, _SASL_AUTHENTICATE, _API_VERSIONS = 17, 36, 18
-_SASL_AUTHENTICATION_FAILED, _UNSUPPORTED_SASL_MECHANISM, _ILLEGAL_SASL_STATE = 58, 33, 34
+_SASL_AUTHENTICATION_FAILED, _UNSUPPORTED_SASL_MECHANISM = 58, 33
 SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
@@ -842,7 +842,7 @@ class _Scram:
             if not message.startswith("n,,"):
                 return None
             bare = message[3:]
-            fields = dict(part.split("=", 1) for part in bare.split(","))
+            fields = dict(part.split("=", 1) for part in bare.split(",") if "=" in part)
             name = fields.get("n", "").replace("=2C", ",").replace("=3D", "=")
             salt = os.urandom(16)
             nonce = fields.get("r", "") + os.urandom(12).hex()
@@ -860,8 +860,8 @@ class _Scram:
         auth = f"{bare},{server_first},{without_proof}".encode()
         signature = self._hmac(stored_key, auth)
         try:
-            given = base64.b64decode(proof)
-        except ValueError:
+            given = base64.b64decode(proof, validate=True)
+        except ValueError:  # (binascii.Error)
             return None
         if len(given) != len(signature):
             return None
