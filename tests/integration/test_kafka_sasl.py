@@ -13,25 +13,25 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.faust_worker import faust_worker
 from tests.integration.test_kafka_run import (
-    REPO,
     Setup,
     check_against_replay,
     make_events,
     produce,
 )
 from tests.integration.test_kafka_tls import _client as _tls_client
-from tests.integration.test_kafka_tls import _waits_for_kafka
+from tests.integration.test_kafka_tls import (
+    _waits_for_kafka,
+    check_faust_against_replay,
+    check_sample_scripts,
+    sample_script,
+)
 from tests.servers import kafka_behind_sasl, make_certificates
 
 pytestmark = pytest.mark.integration
@@ -165,30 +165,17 @@ async def test_the_faust_app_over_sasl_equals_replay(
     lines = make_events(300, seed=53)
     sources = await produce(setup.bootstrap, setup.topics[0], lines, **setup.client)
     before = len(front.admitted)
-    argv, env = faust_worker(
-        setup.bootstrap,
-        setup.topics,
-        f"{setup.name}-faust",
-        setup.store,
+    log = await check_faust_against_replay(  # its password from the environment
+        setup,
+        lines,
+        sources,
         security_protocol="SASL_PLAINTEXT",
         sasl_mechanism="SCRAM-SHA-256",
         sasl_username=USER,
     )
-    assert env["LIMITFLOW_SASL_PASSWORD"] == PASSWORD
-    with open(setup.tmp / "faust.log", "wb") as log:
-        worker = subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=log)
-    try:
-        await check_against_replay(setup, lines, sources)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            assert worker.wait(60) == 0, (setup.tmp / "faust.log").read_text()[-3000:]
-        finally:
-            worker.kill()
-            worker.wait()
     # the worker's clients logged in, with the mechanism they were given
     assert {used for used, _ in front.admitted[before:]} == {"SCRAM-SHA-256"}
-    assert PASSWORD not in (setup.tmp / "faust.log").read_text()
+    assert PASSWORD not in log
 
 
 def test_the_sample_scripts_take_the_same_sasl_settings(
@@ -203,25 +190,9 @@ def test_the_sample_scripts_take_the_same_sasl_settings(
         "LIMITFLOW_SASL_MECHANISM": "SCRAM-SHA-512",
         "LIMITFLOW_SASL_USERNAME": USER,
     }
-    topic = ("--bootstrap-servers", setup.bootstrap, "--topic", setup.topics[0])
-
-    def script(name: str, *argv: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            [sys.executable, str(REPO / "examples" / name), *topic, *argv],
-            env=env,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
-
-    sent = script("produce.py", "--rate", "0", "--wait", "5")
-    assert sent.returncode == 0, sent.stderr.decode()
-    read = script("consume.py", "--max-records", "13", "--timeout", "10")
-    assert read.returncode == 0, read.stderr.decode()
-    sample = (REPO / "examples" / "events.jsonl").read_bytes().splitlines()
-    assert sorted(read.stdout.splitlines()) == sorted(line for line in sample if line.strip())
+    check_sample_scripts(setup, env)
     assert ("SCRAM-SHA-512", USER) in front.admitted
     del env["LIMITFLOW_SASL_PASSWORD"]
-    refused = script("consume.py")
+    refused = sample_script(setup, env, "consume.py")
     assert refused.returncode == 2
     assert b"sasl_password (LIMITFLOW_SASL_PASSWORD) is required with SASL" in refused.stderr

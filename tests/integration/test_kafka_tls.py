@@ -114,15 +114,24 @@ async def test_the_faust_app_over_tls_with_client_certificates_equals_replay(
 ) -> None:
     lines = make_events(300, seed=32)
     sources = await produce(setup.bootstrap, setup.topics[0], lines, **setup.client)
-    argv, env = faust_worker(
-        setup.bootstrap,
-        setup.topics,
-        f"{setup.name}-faust",
-        setup.store,
+    await check_faust_against_replay(
+        setup,
+        lines,
+        sources,
         security_protocol="SSL",
         ssl_cafile=str(certificates["ca"]),
         ssl_certfile=str(certificates["client"]),
         ssl_keyfile=str(certificates["client_key"]),
+    )
+
+
+async def check_faust_against_replay(
+    setup: Setup, lines: list[bytes], sources: list[str], **settings: str
+) -> str:
+    """A faust worker on the set-up, with ``settings`` (``LIMITFLOW_*`` values), publishes
+    replay's verdicts and dead letters for ``lines``, then stops with exit 0; its log."""
+    argv, env = faust_worker(
+        setup.bootstrap, setup.topics, f"{setup.name}-faust", setup.store, **settings
     )
     with open(setup.tmp / "faust.log", "wb") as log:
         worker = subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=log)
@@ -135,6 +144,32 @@ async def test_the_faust_app_over_tls_with_client_certificates_equals_replay(
         finally:
             worker.kill()
             worker.wait()
+    return (setup.tmp / "faust.log").read_text()
+
+
+def sample_script(
+    setup: Setup, env: dict[str, str], name: str, *argv: str
+) -> subprocess.CompletedProcess[bytes]:
+    """``examples/NAME`` on the set-up's input topic, in the environment ``env``."""
+    topic = ("--bootstrap-servers", setup.bootstrap, "--topic", setup.topics[0])
+    return subprocess.run(
+        [sys.executable, str(REPO / "examples" / name), *topic, *argv],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def check_sample_scripts(setup: Setup, env: dict[str, str]) -> None:
+    """The sample producer sends examples/events.jsonl, and the sample consumer reads it
+    back, both with the settings of ``env``."""
+    sent = sample_script(setup, env, "produce.py", "--rate", "0", "--wait", "5")
+    assert sent.returncode == 0, sent.stderr.decode()
+    read = sample_script(setup, env, "consume.py", "--max-records", "13", "--timeout", "10")
+    assert read.returncode == 0, read.stderr.decode()
+    sample = (REPO / "examples" / "events.jsonl").read_bytes().splitlines()
+    assert sorted(read.stdout.splitlines()) == sorted(line for line in sample if line.strip())
 
 
 def test_the_sample_scripts_take_the_same_tls_settings(
@@ -147,24 +182,8 @@ def test_the_sample_scripts_take_the_same_tls_settings(
         "LIMITFLOW_SSL_CERTFILE": str(certificates["client"]),
         "LIMITFLOW_SSL_KEYFILE": str(certificates["client_key"]),
     }
-    topic = ("--bootstrap-servers", setup.bootstrap, "--topic", setup.topics[0])
-
-    def script(name: str, *argv: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            [sys.executable, str(REPO / "examples" / name), *topic, *argv],
-            env=env,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
-
-    sent = script("produce.py", "--rate", "0", "--wait", "5")
-    assert sent.returncode == 0, sent.stderr.decode()
-    read = script("consume.py", "--max-records", "13", "--timeout", "10")
-    assert read.returncode == 0, read.stderr.decode()
-    sample = (REPO / "examples" / "events.jsonl").read_bytes().splitlines()
-    assert sorted(read.stdout.splitlines()) == sorted(line for line in sample if line.strip())
+    check_sample_scripts(setup, env)
     env["LIMITFLOW_SSL_CAFILE"] = "/nowhere/ca.pem"
-    refused = script("consume.py")
+    refused = sample_script(setup, env, "consume.py")
     assert refused.returncode == 2
     assert b"TLS: ssl_cafile (LIMITFLOW_SSL_CAFILE) /nowhere/ca.pem" in refused.stderr
