@@ -40,6 +40,7 @@ from typing import Any, Final, cast
 
 import faust
 from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
+from faust.exceptions import NotReady
 from faust.streams import Stream
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import EventT, StreamT
@@ -449,6 +450,11 @@ class LimitflowApp(faust.App):
             **client_security(self.limitflow.security),
         )
 
+    @property
+    def stopping(self) -> bool:
+        """Whether the worker has begun to stop (set first thing in ``on_stop``)."""
+        return self._stopping.is_set()
+
     async def on_stop(self) -> None:
         self._stopping.set()
         await super().on_stop()
@@ -521,7 +527,15 @@ def build_app(settings: FaustSettings, rules: RuleSet | None = None) -> faust.Ap
     async def declare_topics() -> None:
         # a new user is not left to create topics by hand; existing ones are kept as they are
         for topic in (source, *sinks):
-            await topic.maybe_declare()
+            try:
+                await topic.maybe_declare()
+            except NotReady:
+                # a SIGTERM during the start stops the producer before this task runs:
+                # the worker exited 1 with a traceback, though it had consumed nothing.
+                # The next start declares them
+                if app.stopping:
+                    return
+                raise
 
     # CrashingSupervisor: a failed agent stops the worker instead of being restarted in
     # place, where it would not see its unacked events again until a rebalance
