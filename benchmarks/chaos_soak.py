@@ -2,6 +2,8 @@
 against ``limitflow replay`` of the same events.
 
 Starts a tansu broker, a 6-partition input topic and one ``limitflow run`` worker
+(with ``--runtime faust``, faust workers of the faust app instead, started as the
+integration tests start them)
 (at-least-once; every worker shares one store: a sqlite file, or with --store a
 DynamoDB Local or MongoDB store started for the soak), then produces the integration
 suite's events (``make_events``: payments, reversals, resends, bad input and one
@@ -74,7 +76,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from aiokafka import (  # type: ignore[import-untyped]
     AIOKafkaConsumer,
@@ -86,6 +88,7 @@ from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.faust_worker import faust_worker  # noqa: E402
 from tests.integration.test_kafka_run import (  # noqa: E402
     Setup,
     account_key,
@@ -116,11 +119,23 @@ class Worker:
     started: float = field(default_factory=time.monotonic)
     log_mark: int = 0
     """Bytes of the log already looked at for an assignment (``assigned_since``)."""
+    faust: bool = False
+    """A faust worker (``--runtime faust``), not ``limitflow run``."""
+
+    @property
+    def name(self) -> str:
+        return f"{'faust' if self.faust else 'run'}-{self.index}"
+
+
+FAUST_READY: Final = b"[^Worker]: Starting..."
+"""A faust worker's line once mode has put its SIGTERM handler in place."""
 
 
 def assigned_since(w: Worker, mark: int) -> bool:
     """Whether ``w`` logged a non-empty "partitions assigned" past byte ``mark`` of its
     log; if so, the next look starts after it, so that each assignment counts once."""
+    if w.faust:
+        return _faust_assigned_since(w, mark)
     for line in w.log.read_bytes()[mark:].splitlines():
         if not line.startswith(b"{"):
             continue
@@ -130,6 +145,24 @@ def assigned_since(w: Worker, mark: int) -> bool:
             continue
         if doc.get("msg") == "partitions assigned" and doc.get("partitions"):
             w.log_mark = w.log.stat().st_size
+            return True
+    return False
+
+
+def _faust_assigned_since(w: Worker, mark: int) -> bool:
+    """``assigned_since`` for a faust worker: aiokafka's "Setting newly assigned
+    partitions", whose table (ended by "for group") names the input topic (an empty
+    assignment shows ``set()``)."""
+    text = w.log.read_bytes()[mark:]
+    at = 0
+    while (start := text.find(b"Setting newly assigned partitions", at)) >= 0:
+        end = text.find(b"for group", start)
+        if end < 0:
+            return False  # not all written yet
+        at = end
+        table = text[start:end]
+        if b"-events" in table and b"set()" not in table:
+            w.log_mark = mark + end
             return True
     return False
 
@@ -212,6 +245,8 @@ class Cluster:
         assert slot not in self.workers
         index = len(self.history)
         batch = self.rng.choice(self.args.batch_sizes)
+        if self.args.runtime == "faust":
+            return self._start_faust(slot, index, batch)
         log = self.work / f"run-{index}-{slot}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
@@ -230,10 +265,31 @@ class Cluster:
                 stdout=out,
                 stderr=out,
             )
-        w = Worker(slot, index, proc, log, batch)
-        self.workers[slot] = w
+        return self._started(Worker(slot, index, proc, log, batch))
+
+    def _start_faust(self, slot: str, index: int, batch: int) -> Worker:
+        """``faust -A streams.faust_app worker``, as the integration tests start it."""
+        argv, env = faust_worker(
+            self.bootstrap,
+            self.topics,
+            self.group,
+            self.store,
+            log_level=self.args.log_level.lower(),
+            batch_size=str(batch),
+            retry_initial_ms="100",
+            retry_max_ms="2000",
+            session_timeout_ms=str(self.args.session_timeout_ms),
+            data_dir=str(self.work / f"datadir-{index}"),
+        )
+        log = self.work / f"faust-{index}-{slot}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=out)
+        return self._started(Worker(slot, index, proc, log, batch, faust=True))
+
+    def _started(self, w: Worker) -> Worker:
+        self.workers[w.slot] = w
         self.history.append(w)
-        self.note(f"start worker {slot} (run-{index}, pid {proc.pid}, batch {batch})")
+        self.note(f"start worker {w.slot} ({w.name}, pid {w.proc.pid}, batch {w.batch_size})")
         return w
 
     def unexpected(self, msg: str) -> None:
@@ -245,7 +301,7 @@ class Cluster:
         for slot, w in list(self.workers.items()):
             rc = w.proc.poll()
             if rc is not None:
-                self.unexpected(f"worker {slot} (run-{w.index}, pid {w.proc.pid}) exited: {rc}")
+                self.unexpected(f"worker {slot} ({w.name}, pid {w.proc.pid}) exited: {rc}")
                 del self.workers[slot]
 
     def ensure_a(self) -> None:
@@ -259,7 +315,7 @@ class Cluster:
         w.proc.send_signal(signal.SIGKILL)
         w.proc.wait()
         up = time.monotonic() - w.started
-        self.note(f"kill -9 worker {slot} (run-{w.index}, pid {w.proc.pid}, up {up:.1f}s)")
+        self.note(f"kill -9 worker {slot} ({w.name}, pid {w.proc.pid}, up {up:.1f}s)")
         if self.exactly_once:
             # noida never expires a dead member (its defect; see the README): do what a
             # session timeout would, as the integration tests do. Run to the end here,
@@ -279,24 +335,32 @@ class Cluster:
         w = self.workers.pop(slot)
         if not sent:
             # wait for its first line, up to 10 s: a SIGTERM before that is the documented
-            # -15 exit, which would hide whether the worker itself stops cleanly
-            await until(lambda: w.proc.poll() is not None or bool(w.log.read_bytes().strip()), 10)
+            # -15 exit, which would hide whether the worker itself stops cleanly (for a
+            # faust worker, until mode's own handler is in place, up to 30 s)
+            await until(lambda: w.proc.poll() is not None or self._handles_sigterm(w), 30)
             w.proc.send_signal(signal.SIGTERM)
-            self.note(f"SIGTERM worker {slot} (run-{w.index}, pid {w.proc.pid})")
+            self.note(f"SIGTERM worker {slot} ({w.name}, pid {w.proc.pid})")
         sent_at = time.monotonic()
         await until(lambda: w.proc.poll() is not None, 60)
         rc = w.proc.poll()
         if rc is None:
             w.proc.kill()
             w.proc.wait()
-            self.unexpected(f"worker {slot} (run-{w.index}) did not stop within 60s of SIGTERM")
-        elif rc == -signal.SIGTERM and not w.log.read_bytes().strip():
-            self.note(f"worker {slot} (run-{w.index}) ended by SIGTERM before its first line")
+            self.unexpected(f"worker {slot} ({w.name}) did not stop within 60s of SIGTERM")
+        elif rc == -signal.SIGTERM and not self._handles_sigterm(w):
+            self.note(f"worker {slot} ({w.name}) ended by SIGTERM before its handler")
         elif rc != 0:
-            self.unexpected(f"worker {slot} (run-{w.index}) exited {rc} after SIGTERM")
+            self.unexpected(f"worker {slot} ({w.name}) exited {rc} after SIGTERM")
         else:
             took = time.monotonic() - sent_at
-            self.note(f"worker {slot} (run-{w.index}) stopped: exit 0 after {took:.1f}s")
+            self.note(f"worker {slot} ({w.name}) stopped: exit 0 after {took:.1f}s")
+
+    @staticmethod
+    def _handles_sigterm(w: Worker) -> bool:
+        """Whether ``w`` has its SIGTERM handler (``run``: once it logs its first line)."""
+        if w.faust:
+            return FAUST_READY in w.log.read_bytes()
+        return bool(w.log.read_bytes().strip())
 
     def kill_all(self) -> None:
         for w in self.workers.values():
@@ -410,12 +474,12 @@ async def disrupt(c: Cluster, action: str) -> None:
             15,
         )
         b.proc.send_signal(signal.SIGTERM)
-        c.note(f"SIGTERM worker B (run-{b.index}, pid {b.proc.pid}), then A 50 ms later")
+        c.note(f"SIGTERM worker B ({b.name}, pid {b.proc.pid}), then A 50 ms later")
         await asyncio.sleep(0.05)
         if "A" in c.workers:
             a = c.workers["A"]
             a.proc.send_signal(signal.SIGTERM)
-            c.note(f"SIGTERM worker A (run-{a.index}, pid {a.proc.pid})")
+            c.note(f"SIGTERM worker A ({a.name}, pid {a.proc.pid})")
             await c.term("A", sent=True)
         await c.term("B", sent=True)
         c.start("A")
@@ -511,7 +575,7 @@ async def recover_from_stall(c: Cluster, missing: int) -> None:
     await describe_group(c)
     for slot, w in list(c.workers.items()):
         tail = w.log.read_text(errors="replace")[-600:].replace("\n", " | ")
-        c.note(f"  {slot} (run-{w.index}) log tail: {tail}")
+        c.note(f"  {slot} ({w.name}) log tail: {tail}")
         await c.term(slot)
     c.recovered = True
     c.group_suffix = "-recovery"
@@ -811,6 +875,13 @@ def main() -> int:
         " transactions) with worker A alone, and every verdict and dead letter must be"
         " read_committed exactly once",
     )
+    ap.add_argument(
+        "--runtime",
+        choices=["run", "faust"],
+        default="run",
+        help="the workers: `limitflow run`, or the faust app (`faust -A streams.faust_app"
+        " worker`, at-least-once only)",
+    )
     ap.add_argument("--session-timeout-ms", type=int, default=6000)
     ap.add_argument("--log-level", default="INFO", help="the workers' --log-level")
     ap.add_argument(
@@ -840,6 +911,8 @@ def main() -> int:
         " temporary directory)",
     )
     args = ap.parse_args()
+    if args.runtime == "faust" and args.guarantee != "at-least-once":
+        ap.error("--runtime faust: the faust app is at-least-once only")
     work = args.workdir or Path(tempfile.mkdtemp(prefix=f"chaos-soak-{args.seed}-"))
     work.mkdir(parents=True, exist_ok=True)
     say(f"seed {args.seed}; workdir {work}; args {vars(args)}")
