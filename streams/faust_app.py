@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -317,6 +318,22 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         # counted. Read committed events only, as ``limitflow run`` does
         consumer._isolation_level = "read_committed"
         return consumer
+
+    async def stop(self) -> None:
+        """mode's, once the thread has started its service: mode's stop does nothing
+        before then, and a SIGTERM a few milliseconds into a worker's start, while this
+        thread was starting, left it running for ever, and the worker never exited."""
+        thread = self._thread
+        deadline = time.monotonic() + 10
+        # polled: the thread sets ``_started`` in its own event loop, not in this one
+        while (  # noqa: ASYNC110
+            thread is not None
+            and thread.is_alive()
+            and not self._started.is_set()
+            and time.monotonic() < deadline
+        ):
+            await asyncio.sleep(0.01)
+        await super().stop()
 
     async def on_start(self) -> None:
         """faust's, then a group join that brings an assignment of zero bytes is tried

@@ -767,6 +767,30 @@ def test_a_stop_during_the_start_exits_0(
         assert "Traceback" not in worker.log.read_text()
 
 
+def test_a_stop_while_the_consumer_thread_starts_exits_0(
+    kafka: KafkaBroker, topics: Topics, tmp_path: Path
+) -> None:
+    """SIGTERM while faust's consumer thread is starting (found by a chaos soak, and once
+    by CI in the test above): mode's stop of a thread service did nothing before the
+    thread had started it, the thread then ran for ever, and the worker never exited.
+    ``tests.slow_consumer_thread`` holds the thread 1 s before it starts its service."""
+    worker = Worker(
+        kafka,
+        topics,
+        f"sqlite:///{tmp_path / 'faust.db'}",
+        f"g-{uuid.uuid4().hex[:6]}",
+        tmp_path / "w.log",
+        wrap=("tests.slow_consumer_thread",),
+    )
+    try:
+        wait_for_log(worker, "consumer thread starting", 60)
+        os.killpg(worker.proc.pid, signal.SIGTERM)
+        assert worker.proc.wait(30) == 0, worker.log.read_text()[-3000:]
+    finally:
+        worker.kill()
+    assert "Traceback" not in worker.log.read_text()
+
+
 def test_a_stop_while_waiting_for_the_broker_exits_0_at_once(tmp_path: Path) -> None:
     # nothing listens on the port, and the next try is 20 s away
     nowhere = KafkaBroker("none")
