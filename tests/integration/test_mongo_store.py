@@ -585,26 +585,26 @@ def generated_events(count: int, seed: int) -> list[str]:
     return lines
 
 
+def limitflow(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The command line ``limitflow ARGV…``, run to its end, its output captured."""
+    return subprocess.run(
+        [*LIMITFLOW, *argv], cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def run_replay(
     store: str, events: Path, out: Path, rules: Path, batch_size: int | None = None
 ) -> subprocess.CompletedProcess[str]:
-    argv = [*LIMITFLOW, "replay", "--rules", str(rules), "--input", str(events)]
+    argv = ["replay", "--rules", str(rules), "--input", str(events)]
     argv += ["--output", str(out / "verdicts.jsonl"), "--dead-letter", str(out / "dead.jsonl")]
     argv += ["--store", store]
     if batch_size is not None:
         argv += ["--batch-size", str(batch_size)]
-    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    return limitflow(*argv, timeout=300)
 
 
 def init_store(url: str) -> None:
-    done = subprocess.run(
-        [*LIMITFLOW, "store", "init", "--store", url],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = limitflow("store", "init", "--store", url)
     assert done.returncode == 0, done.stderr
 
 
@@ -675,14 +675,7 @@ def test_a_user_logs_in_with_the_password_from_the_environment(
             assert done.returncode == 0, done.stderr
             outputs[name] = (tmp_path / name / "verdicts.jsonl").read_bytes()
         assert outputs["mongo"] == outputs["memory"]
-        checked = subprocess.run(
-            [*LIMITFLOW, "rules", "check", str(rules), "--store", url],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        checked = limitflow("rules", "check", str(rules), "--store", url)
         assert checked.returncode == 0, checked.stderr
         for given in ("not the password", None):
             if given is None:
