@@ -220,21 +220,32 @@ class _RulesLoader(_SafeLoader):
             )
         return super().construct_document(node)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """A value, or a refusal that says where: PyYAML's constructors of an explicit tag
+        raise what they meet (``!!int c``: ValueError; ``!!bool []``: AttributeError),
+        which crashed ``run``, ``replay`` and ``rules check`` with a traceback."""
+        try:
+            return super().construct_object(node, deep)
+        except _UNREADABLE:
+            raise _unreadable(node) from None
+
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, yaml.MappingNode):  # (``!!map [a]``) refused there, saying so
+            return super().construct_mapping(node, deep)
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue  # merged keys may be overridden: that is not a repeat
             key = self.construct_object(key_node, deep=True)
             try:
-                repeated = key in seen
+                repeated = key in seen  # (a set is looked up as a frozenset: not added)
+                seen.add(key)
             except TypeError:  # unhashable: the base class says so, with its position
                 continue
             if repeated:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"{key!r} is written twice in one mapping", key_node.start_mark
                 )
-            seen.add(key)
         return super().construct_mapping(node, deep)
 
     def construct_sequence(self, node: yaml.SequenceNode, deep: bool = False) -> list[Any]:
@@ -248,11 +259,18 @@ class _RulesLoader(_SafeLoader):
         constructors = self.yaml_constructors
         values = []
         for child in node.value:
-            constructor = constructors.get(child.tag) if type(child) is yaml.ScalarNode else None
+            constructor = (
+                constructors.get(child.tag)
+                if type(child) is yaml.ScalarNode and child.tag in _PLAIN_TAGS
+                else None
+            )
             if constructor is None:
                 values.append(self.construct_object(child, deep=deep))
-            else:
+                continue
+            try:
                 values.append(constructor(self, child))
+            except _UNREADABLE:
+                raise _unreadable(child) from None
         return values
 
     def construct_yaml_bool(self, node: yaml.ScalarNode) -> bool | _Unclear:  # type: ignore[override]
@@ -301,6 +319,30 @@ class _RulesLoader(_SafeLoader):
         """The text, one copy of each while the file is read (``texts``)."""
         text = self.construct_scalar(node)
         return self.texts.setdefault(text, text)
+
+
+_PLAIN_TAGS: Final = frozenset(
+    f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "timestamp")
+)
+"""The tags whose constructors make a value at once (those of ``!!map``, ``!!seq``, ``!!set``
+… are generators, which ``construct_object`` runs: called directly, they made the value a
+generator)."""
+
+_UNREADABLE: Final = (ValueError, TypeError, AttributeError, LookupError, OverflowError)
+"""What PyYAML's constructors raise for a value its explicit tag cannot read."""
+
+
+def _unreadable(node: yaml.Node) -> yaml.constructor.ConstructorError:
+    """The refusal of a value that ``node``'s tag cannot read, saying where."""
+    tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
+    if isinstance(node, yaml.ScalarNode):
+        text = str(node.value)
+        what = repr(text if len(text) <= 40 else f"{text[:30]}…")
+    else:
+        what = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
+    return yaml.constructor.ConstructorError(
+        None, None, f"{what} cannot be read as {tag}", node.start_mark
+    )
 
 
 class _Float(str):
@@ -364,10 +406,10 @@ def _refuse_unclear(data: Any) -> None:
             path, unclear = found
             rule_id = rule.get("id")
             where = f"rule {rule_id!r}" if isinstance(rule_id, str) else f"rules[{index}]"
-            raise RulesError(f"{where}: {path}: {unclear}")
+            raise RulesError(_one_line(f"{where}: {path}: {unclear}"))
     found = _unclear_in(data, "")
     if found is not None:
-        raise RulesError(f"{found[0] or 'rules file'}: {found[1]}")
+        raise RulesError(_one_line(f"{found[0] or 'rules file'}: {found[1]}"))
 
 
 def _unclear_in(value: Any, path: str) -> tuple[str, _Unclear] | None:
@@ -562,9 +604,9 @@ class _StreamingRulesLoader(_RulesLoader):
     MiB at the peak (1,000 rules: 50 MiB, not 109; with each text held once, ``texts``,
     94 and 37), in less time (4.3-6.6 s against
     5.8-7.5 s, in turn; 4% fewer instructions at 1,000 rules). Every value is read by the
-    same constructors, from the same events, and a mistake is told as before (a property
-    test reads generated files both ways); the rest of the file is made as
-    ``get_single_data`` makes it."""
+    same constructors, from the same events (a property test reads generated files both
+    ways); the rest of the file is made as ``get_single_data`` makes it. A file this
+    refuses is read again whole (``_read_yaml``), so that it is refused as before."""
 
     if TYPE_CHECKING:  # (PyYAML's stubs leave these untyped, or may return None)
 
@@ -616,17 +658,12 @@ class _StreamingRulesLoader(_RulesLoader):
         super().__init__(text)
         self.may_alias = False
         self.anchors: dict[Any, yaml.Node] = {}
-        self._made: dict[int, list[Any] | yaml.constructor.ConstructorError] = {}
-        """The rules already made (or the refusal of the first that could not be), by
-        ``id`` of the (empty) node standing for their list."""
+        self._made: dict[int, list[Any]] = {}
+        """The rules already made, by ``id`` of the (empty) node standing for their list."""
 
     def construct_sequence(self, node: yaml.SequenceNode, deep: bool = False) -> list[Any]:
         made = self._made.get(id(node))
-        if made is None:
-            return super().construct_sequence(node, deep)
-        if isinstance(made, yaml.constructor.ConstructorError):
-            raise made  # where reading the file whole would have come to it
-        return made
+        return made if made is not None else super().construct_sequence(node, deep)
 
     def read(self) -> Any:
         """The file's one document, as ``get_single_data`` reads it (None: empty)."""
@@ -687,35 +724,36 @@ class _StreamingRulesLoader(_RulesLoader):
         tag = self.resolve(yaml.SequenceNode, None, start.implicit)
         node = yaml.SequenceNode(tag, [], start.start_mark, None, flow_style=start.flow_style)
         made: list[Any] = []
-        refused = None
         while not self.check_event(yaml.SequenceEndEvent):
-            item = self.compose_node(node, len(made))
-            if refused is not None:
-                continue  # read on, for a syntax error after it, told first as before
-            try:
-                made.append(self.construct_document(item))
-            except yaml.constructor.ConstructorError as exc:
-                refused = exc
-                self.state_generators, self.deep_construct = [], False
-                self.constructed_objects, self.recursive_objects = {}, {}
+            made.append(self.construct_document(self.compose_node(node, len(made))))
         node.end_mark = self.get_event().end_mark
-        self._made[id(node)] = made if refused is None else refused
+        self._made[id(node)] = made
         return node
 
 
 def _read_yaml(text: str | bytes) -> tuple[Any, _RulesLoader]:
     """The file read as YAML, and the loader that read it (its flags)."""
+    may_alias = ("*" if isinstance(text, str) else b"*") in text  # type: ignore[operator]
     try:
-        if ("*" if isinstance(text, str) else b"*") in text:  # type: ignore[operator]
-            loader = _RulesLoader(text)  # yaml.load's steps
-            read = loader.get_single_data
-        else:
-            loader = _StreamingRulesLoader(text)
-            read = loader.read
+        if not may_alias:
+            streaming = _StreamingRulesLoader(text)
+            try:
+                return streaming.read(), streaming
+            except (yaml.YAMLError, RecursionError):
+                # Refused, or nested deeper than PyYAML's composer goes: read whole, for
+                # the refusal reading whole gives (of two mistakes, the one it tells: it
+                # makes values level by level, where this makes each rule whole)
+                pass
+            finally:
+                streaming.dispose()
+        loader = _RulesLoader(text)  # yaml.load's steps
+        loader.may_alias = may_alias
         try:
-            return read(), loader
+            return loader.get_single_data(), loader
         finally:
             loader.dispose()
+    except RecursionError:  # (counting what aliases repeat in a file nested ~1,000 deep)
+        raise RulesError("rules file: nested too deeply to be read") from None
     except yaml.constructor.ConstructorError as exc:  # valid YAML, refused by _RulesLoader
         raise RulesError(f"rules file: {_yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
@@ -788,9 +826,18 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return " ".join(str(exc).split())
 
 
+_LINE_BREAKING: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _one_line(message: str) -> str:
+    """``message`` on one line, as the CLI's reason is: each control character, line
+    breaks included, written as its escape (a key written over two lines, ``"a\\nb"``)."""
+    return _LINE_BREAKING.sub(lambda found: repr(found[0])[1:-1], message)
+
+
 def _describe(data: Any, exc: msgspec.ValidationError) -> str:
     """Prefix a validation error with the id of the rule it is about, when there is one."""
-    message = str(exc)
+    message = _one_line(str(exc))  # (it names a field as written: a key may span lines)
     if message.startswith("Invalid enum value") and message.endswith(".window`"):
         message += f" (one of: {', '.join(window.value for window in Window)})"
     found = re.search(r"\$\.rules\[(\d+)\]", message)
