@@ -602,11 +602,18 @@ class _StreamingRulesLoader(_RulesLoader):
     composer, over libyaml's events, makes the nodes of one item of the top ``rules:``
     list at a time, and the item is made at once, its nodes freed before the next: 159
     MiB at the peak (1,000 rules: 50 MiB, not 109; with each text held once, ``texts``,
-    94 and 37), in less time (4.3-6.6 s against
-    5.8-7.5 s, in turn; 4% fewer instructions at 1,000 rules). Every value is read by the
-    same constructors, from the same events (a property test reads generated files both
-    ways); the rest of the file is made as ``get_single_data`` makes it. A file this
-    refuses is read again whole (``_read_yaml``), so that it is refused as before."""
+    94 and 37), in less time (4.3-6.6 s against 5.8-7.5 s, in turn; 4% fewer
+    instructions at 1,000 rules). Every value is read by the same constructors, from the
+    same events (a property test reads generated files both ways); the rest of the file
+    is made as ``get_single_data`` makes it. A file this refuses is read again whole
+    (``_read_yaml``), so that it is refused as before."""
+
+    def __init__(self, text: str | bytes) -> None:
+        super().__init__(text)
+        self.may_alias = False
+        self.anchors: dict[Any, yaml.Node] = {}
+        self._made: dict[int, list[Any]] = {}
+        """The rules already made, by ``id`` of the (empty) node standing for their list."""
 
     if TYPE_CHECKING:  # (PyYAML's stubs leave these untyped, or may return None)
 
@@ -653,13 +660,6 @@ class _StreamingRulesLoader(_RulesLoader):
                 items.append(self.compose_node(node, len(items)))
         node.end_mark = get().end_mark
         return node
-
-    def __init__(self, text: str | bytes) -> None:
-        super().__init__(text)
-        self.may_alias = False
-        self.anchors: dict[Any, yaml.Node] = {}
-        self._made: dict[int, list[Any]] = {}
-        """The rules already made, by ``id`` of the (empty) node standing for their list."""
 
     def construct_sequence(self, node: yaml.SequenceNode, deep: bool = False) -> list[Any]:
         made = self._made.get(id(node))
