@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import re
 import textwrap
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -979,6 +981,16 @@ def _yaml_rules_files(draw: st.DrawFn) -> str:
     return "".join(lines)
 
 
+@contextlib.contextmanager
+def _reading_whole() -> Iterator[None]:
+    """Every YAML file read whole, as before rules were made one by one."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            rules_module._StreamingRulesLoader, "read", rules_module._RulesLoader.get_single_data
+        )
+        yield
+
+
 _TWICE_IN_A_RULE: Final = "rules:\n  - {id: a, window: day, max_count: 1, max_count: 2}\n"
 
 
@@ -1001,10 +1013,7 @@ def test_a_yaml_file_read_rule_by_rule_means_what_it_means_read_whole(text: str)
     file whole (a file refused so is read again whole, for the refusal it had)."""
     assume("*" not in text)  # (a value drawn as "*a", its quotes taken off)
     streamed = [_outcome(text), _outcome(text.encode())]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(
-            rules_module._StreamingRulesLoader, "read", rules_module._RulesLoader.get_single_data
-        )
+    with _reading_whole():
         whole = [_outcome(text), _outcome(text.encode())]
     assert streamed == whole
 
@@ -1028,10 +1037,7 @@ def test_a_yaml_file_without_an_alias_never_holds_every_rule_s_nodes() -> None:
             tracemalloc.stop()
 
     rule_by_rule = peak()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(
-            rules_module._StreamingRulesLoader, "read", rules_module._RulesLoader.get_single_data
-        )
+    with _reading_whole():
         whole = peak()
     assert rule_by_rule < whole / 2, (rule_by_rule, whole)
 
