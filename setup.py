@@ -1,8 +1,9 @@
 """Builds the compiled twins of limitflow's hot paths: the payment path
 (``handlers/_fastcore.pyx``, with ``handlers/_slots``), the common-event parser
 (``schemas/_fastparse.pyx``), the memory store's read and write
-(``stores/_fastmemory.pyx``), the sqlite store's row building (``stores/_fastsqlite.pyx``)
-and Kafka's default partitioner (``streams/_fastkafka.pyx``); everything else is in
+(``stores/_fastmemory.pyx``, with ``stores/_shapes.pyx`` for its records' verdicts),
+the sqlite store's row building (``stores/_fastsqlite.pyx``) and Kafka's default
+partitioner (``streams/_fastkafka.pyx``); everything else is in
 pyproject.toml. Without a C compiler the build goes on without them (``optional``), and
 limitflow parses, decides and keeps every event in Python, the same way, only slower."""
 
@@ -14,6 +15,7 @@ extensions = cythonize(
         Extension("handlers._slots", ["handlers/_slots.pyx"]),
         Extension("handlers._fastcore", ["handlers/_fastcore.pyx"]),
         Extension("stores._fastmemory", ["stores/_fastmemory.pyx"]),
+        Extension("stores._shapes", ["stores/_shapes.pyx"]),
         Extension("schemas._fastparse", ["schemas/_fastparse.pyx"]),
         Extension("streams._fastkafka", ["streams/_fastkafka.pyx"]),
         Extension("stores._fastsqlite", ["stores/_fastsqlite.pyx"]),

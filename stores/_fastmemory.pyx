@@ -156,10 +156,17 @@ cdef int _check(object key, bint stored, object held_version, object held_expire
     raise ConflictError(f"{key_hint(key)} changed since it was read")
 
 
-cdef bytes _pack_event(object record, object encode, object compress):
-    """``stores.memory.Codec.pack``: the header, then ``compress(encode(fields))``."""
+cdef bytes _SHAPED = b"\x02"
+
+
+cdef bytes _pack_event(object record, object encode, object compress, object shapes):
+    """``stores.memory.Codec.pack``: the header, then ``_SHAPED`` and ``encode(fields)``
+    with the verdict packed by ``shapes``, or ``compress(encode(fields))``."""
     cdef _Header header
+    cdef bytes frame
     born = _R_BORN.get(record)
+    verdict = _R_VERDICT.get(record)
+    shaped = None if shapes is None else shapes.pack(verdict)
     doc = encode(
         (
             _R_FINGERPRINT.get(record),
@@ -167,7 +174,7 @@ cdef bytes _pack_event(object record, object encode, object compress):
             _R_TYPE.get(record),
             _R_ACCEPTED.get(record),
             _R_SEQ.get(record),
-            _R_VERDICT.get(record),
+            verdict if shaped is None else shaped,
             _R_AMOUNT.get(record),
             _R_CURRENCY.get(record),
             _R_REVERSED.get(record),
@@ -178,20 +185,24 @@ cdef bytes _pack_event(object record, object encode, object compress):
     )
     header.version = _R_VERSION.get(record)
     header.expires_at = _packed(_R_EXPIRES_AT.get(record))
-    cdef bytes frame = compress(doc)
+    cdef Py_ssize_t tag = 0 if shaped is None else 1
+    frame = compress(doc) if shaped is None else doc
     cdef Py_ssize_t size = PyBytes_GET_SIZE(frame)
-    cdef bytes out = PyBytes_FromStringAndSize(NULL, sizeof(_Header) + size)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, sizeof(_Header) + tag + size)
     cdef char* at = PyBytes_AS_STRING(out)
     memcpy(at, &header, sizeof(_Header))
-    memcpy(at + sizeof(_Header), PyBytes_AS_STRING(frame), size)
+    if tag:
+        at[sizeof(_Header)] = PyBytes_AS_STRING(_SHAPED)[0]
+    memcpy(at + sizeof(_Header) + tag, PyBytes_AS_STRING(frame), size)
     return out
 
 
 def write(dict buckets, dict accounts, dict events, writes, expected, encode, codec_for):
     """``MemoryStore._write`` after its round trip is counted: check every record, then
     store them all, or raise ``ConflictError`` with nothing changed. Event records are
-    packed as ``Codec.pack`` does, with ``encode`` and the compressor of ``codec_for()``
-    (called once the checks have passed, as ``_write`` makes the store's codec then)."""
+    packed as ``Codec.pack`` does, with ``encode`` and the compressor and shapes of
+    ``codec_for()`` (called once the checks have passed, as ``_write`` makes the store's
+    codec then)."""
     cdef dict w_buckets = _W_BUCKETS.get(writes)
     cdef dict w_accounts = _W_ACCOUNTS.get(writes)
     cdef dict w_events = _W_EVENTS.get(writes)
@@ -244,9 +255,10 @@ def write(dict buckets, dict accounts, dict events, writes, expected, encode, co
     for key, account in w_accounts.items():
         accounts[key] = _copy_account(account)  # the caller keeps changing its records
     if w_events:
-        compress = codec_for().compress
+        codec = codec_for()
+        compress, shapes = codec.compress, codec.shapes
         for key, record in w_events.items():
-            events[key] = _pack_event(record, encode, compress)
+            events[key] = _pack_event(record, encode, compress, shapes)
 
 
 def read(dict buckets, dict accounts, dict events, keys, unpack):

@@ -1,0 +1,9 @@
+"""Types of the memory store's verdicts kept by their shape (``_shapes.pyx``), for mypy."""
+
+MAX_SHAPES: int
+MAX_VALUES: int
+
+class Shapes:
+    def __len__(self) -> int: ...
+    def pack(self, verdict: bytes) -> bytes | None: ...
+    def unpack(self, packed: bytes) -> bytes: ...

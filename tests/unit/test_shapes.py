@@ -1,0 +1,144 @@
+"""The memory store's verdicts kept by their shape (``stores._shapes``): every verdict comes
+back byte for byte, whatever its text; what cannot be kept so is zstd-compressed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from benchmarks.generate import events as generated
+from handlers.state import EventRecord
+from schemas.events import EventType
+from stores import memory
+from stores.memory import Codec, MemoryStore
+from tests.unit.built import assert_built_after, optional, private
+from tests.unit.test_memory_fast import replayed
+
+_shapes, needs_shapes = optional("stores._shapes")
+pytestmark = needs_shapes
+
+RULES = Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"
+
+_VERDICT = (
+    b'{"event_id":"e-1","account_id":"a-1","type":"payment","decision":"accept",'
+    b'"reason":null,"seq":1,"violations":[],"occurred_at":"2026-03-01T00:00:00Z",'
+    b'"amount":"10.00","currency":"CNY","original_event_id":null,"rules_version":"v1",'
+    b'"limits":[{"rule_id":"r","window":"day","period":"2026-03-01","count_used":1}]}'
+)
+
+_json_texts = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+).map(lambda doc: json.dumps(doc, separators=(",", ":")).encode())
+"""JSON texts as limitflow writes verdicts (no spaces), of any shape and any escapes."""
+
+
+@given(st.lists(_json_texts | st.binary(max_size=60), min_size=1, max_size=12))
+@example([b'{"a":"x\\\\"}', b'{"a":"x\\""}', b'{"a":"\\"', b'"', b'{"a":1}'])
+@example([_VERDICT, _VERDICT.replace(b"e-1", b'e\\"1').replace(b'"seq":1', b'"seq":22')])
+@example([b"", b"1", b"-", b'{"a":"', b'{"a":"b\\'])
+def test_every_text_comes_back_byte_for_byte(texts: list[bytes]) -> None:
+    shapes = _shapes.Shapes()
+    packed = [shapes.pack(text) for text in texts]
+    for text, kept in zip(texts, packed, strict=True):
+        assert kept is not None
+        assert shapes.unpack(kept) == text
+
+
+def test_a_verdict_of_a_kept_shape_keeps_only_the_values_that_differ() -> None:
+    shapes = _shapes.Shapes()
+    shapes.pack(_VERDICT)
+    second = _VERDICT.replace(b"e-1", b"e-2").replace(b"10.00", b"12.50")
+    kept = shapes.pack(second)
+    assert kept is not None
+    assert len(shapes) == 1
+    # the shape's number, a bitmap of its 15 values, and the two that differ
+    assert kept == b"\x00\x81\x00" + b'\x05"e-2"' + b'\x07"12.50"'
+    assert shapes.unpack(kept) == second
+
+
+def test_past_the_shapes_kept_a_verdict_is_not_packed() -> None:
+    shapes = _shapes.Shapes()
+    texts = [b"[" + b"1," * n + b"1]" for n in range(_shapes.MAX_SHAPES + 1)]
+    packed = [shapes.pack(text) for text in texts]
+    assert None not in packed[:-1]
+    assert packed[-1] is None
+    assert len(shapes) == _shapes.MAX_SHAPES
+    assert shapes.unpack(packed[5]) == texts[5]
+
+
+@given(st.binary(max_size=40))
+def test_bytes_that_pack_never_gave_are_refused_not_read_past(damaged: bytes) -> None:
+    shapes = _shapes.Shapes()
+    shapes.pack(_VERDICT)
+    shapes.pack(b"[1,2,3]")
+    try:
+        verdict = shapes.unpack(damaged)
+    except ValueError:
+        return
+    # read within its bytes: a text of a kept shape, whose values are those bytes
+    assert verdict.startswith((b"{", b"["))
+
+
+def test_a_damaged_packed_verdict_is_a_value_error() -> None:
+    shapes = _shapes.Shapes()
+    kept = shapes.pack(_VERDICT)
+    assert kept is not None
+    for damaged in (b"", b"\x05" + kept[1:], kept[:-1], kept + b"x", b"\x80" * 12):
+        with pytest.raises(ValueError, match="packed verdict"):
+            shapes.unpack(damaged)
+
+
+def _record(verdict: bytes) -> EventRecord:
+    return EventRecord(
+        "f" * 32, "a-1", EventType.PAYMENT, True, 1, verdict, 1000, "CNY", 0, ("k",), 0, 1, None
+    )
+
+
+def test_a_record_whose_verdict_has_no_shape_kept_is_compressed_and_read_back() -> None:
+    codec = Codec(_VERDICT)
+    assert codec.shapes is not None
+    for n in range(_shapes.MAX_SHAPES):
+        codec.pack(_record(b"[" + b"1," * n + b"1]"))
+    odd = _record(b'{"odd":[' + b"2," * 300 + b"2]}")
+    packed = codec.pack(odd)
+    assert packed[16:20] == b"\x28\xb5\x2f\xfd"  # a zstd frame
+    assert codec.unpack(packed) == odd
+    shaped = codec.pack(_record(b"[" + b"1," * 7 + b"9]"))
+    assert shaped[16:17] == b"\x02"
+    assert codec.unpack(shaped).verdict == b"[" + b"1," * 7 + b"9]"
+
+
+async def test_built_without_shapes_every_record_is_compressed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(memory, "_shapes", None)  # as without a C compiler
+    compiled, python = MemoryStore(), MemoryStore(compiled=False)
+    lines = generated(500, accounts=20, merchants=4)
+    for store in (compiled, python):
+        first = await replayed(store, lines)
+        again = await replayed(store, lines)
+        assert [verdict for _, verdict, _ in again] == [verdict for _, verdict, _ in first]
+        assert all(packed[16:20] == b"\x28\xb5\x2f\xfd" for packed in store.data.events.values())
+    assert compiled.data.events == python.data.events
+
+
+async def test_a_replay_stores_its_verdicts_by_shape_and_resends_get_them_again() -> None:
+    store = MemoryStore()
+    lines = generated(2_000, accounts=40, merchants=6)
+    first = await replayed(store, lines)
+    again = await replayed(store, lines)  # every event a resend: its stored verdict
+    assert [verdict for _, verdict, _ in again] == [verdict for _, verdict, _ in first]
+    assert all(packed[16:17] == b"\x02" for packed in store.data.events.values())
+    codec = store.data.codec
+    assert codec is not None and codec.shapes is not None
+    assert 0 < len(codec.shapes) < 20
+
+
+def test_the_shapes_are_built_from_their_source() -> None:
+    assert_built_after(private(memory, "_shapes"), "stores/_shapes.pyx")
