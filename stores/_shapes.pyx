@@ -31,7 +31,7 @@ cdef Py_ssize_t _MAX_SHAPES = MAX_SHAPES
 cdef Py_ssize_t _MAX_VALUES = MAX_VALUES
 
 
-cdef inline Py_ssize_t _value_end(const char* s, Py_ssize_t i, Py_ssize_t n):
+cdef inline Py_ssize_t _value_end(const char* s, Py_ssize_t i, Py_ssize_t n) noexcept:
     """Where the value that starts at ``s[i]`` ends (``i`` < ``n``): a string's closing
     quote, one not escaped (its own end when it has none); else the next ``,``, ``]``
     or ``}``, or ``n``."""
@@ -54,7 +54,7 @@ cdef inline Py_ssize_t _value_end(const char* s, Py_ssize_t i, Py_ssize_t n):
     return j
 
 
-cdef Py_ssize_t _cut(const char* s, Py_ssize_t n, Py_ssize_t* spans):
+cdef Py_ssize_t _cut(const char* s, Py_ssize_t n, Py_ssize_t* spans) noexcept:
     """The values of ``s[:n]`` into ``spans`` (start and end of each, in order); -1 past
     ``MAX_VALUES`` values. A value is a string not followed by ``:`` (one that is, is a
     field name, of the shape), or a number, true, false or null."""
@@ -92,7 +92,7 @@ cdef class _Shape:
         PyMem_Free(self.spans)
 
 
-cdef inline Py_ssize_t _put_size(char* at, Py_ssize_t value):
+cdef inline Py_ssize_t _put_size(char* at, Py_ssize_t value) noexcept:
     """``value`` as a varint (7 bits a byte, least significant first) at ``at``; how many
     bytes it took."""
     cdef Py_ssize_t n = 0
@@ -146,7 +146,7 @@ cdef class Shapes:
     def __len__(self):
         return len(self.shapes)
 
-    cdef bint _fits(self, _Shape shape, const char* s, Py_ssize_t n):
+    cdef bint _fits(self, _Shape shape, const char* s, Py_ssize_t n) noexcept:
         """Whether ``s[:n]`` is of ``shape``: its pieces between values the same bytes;
         the values into ``scratch``."""
         cdef Py_ssize_t i, at = 0, start = 0, size
