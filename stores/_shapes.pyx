@@ -8,7 +8,9 @@ values are the same from one verdict to the next: rule ids, windows, limits, the
 version. ``Shapes.pack`` keeps a verdict as the number of its shape, a bitmap of the
 values that differ from the first verdict of that shape, then those values: ~200 bytes
 for ~1,300, in ~11,000 instructions, where zstd against a trained dictionary took
-~36,000 for ~180 bytes (docs/benchmarks.md, 2026-11-28).
+~36,000 for ~180 bytes (docs/benchmarks.md, 2026-11-28). A verdict is walked along the
+shape of the verdict before it, else along the kept shapes whose number of values and
+lengths of pieces are its own: never along all of them.
 
 ``unpack(pack(v)) == v`` for every ``v`` by construction: a verdict is cut into pieces
 that, put end to end, are the verdict, and every piece is either kept or is the very
@@ -19,6 +21,7 @@ holds it (at most ``MAX_SHAPES``; a verdict of no kept shape is not packed: None
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport uint64_t
 from libc.string cimport memchr, memcmp, memcpy, memset
 
 MAX_SHAPES = 256
@@ -81,12 +84,25 @@ cdef Py_ssize_t _cut(const char* s, Py_ssize_t n, Py_ssize_t* spans) noexcept:
     return k
 
 
+cdef uint64_t _sign(const Py_ssize_t* spans, Py_ssize_t k, Py_ssize_t n) noexcept:
+    """What tells shapes apart at a glance: the number of values and the length of each
+    piece between them (one ``_cut`` gave ``spans``, of ``k`` values in ``n`` bytes).
+    Verdicts of one shape have the same; a few of other shapes may too."""
+    cdef uint64_t sign = <uint64_t>k
+    cdef Py_ssize_t i, end = 0
+    for i in range(k):
+        sign = sign * 1000003 + <uint64_t>(spans[2 * i] - end)
+        end = spans[2 * i + 1]
+    return sign * 1000003 + <uint64_t>(n - end)
+
+
 cdef class _Shape:
     """The first verdict of a shape, cut into its values."""
 
     cdef bytes text
     cdef Py_ssize_t* spans
     cdef Py_ssize_t count
+    cdef uint64_t sign
 
     def __dealloc__(self):
         PyMem_Free(self.spans)
@@ -172,31 +188,41 @@ cdef class Shapes:
         not kept and no more can be."""
         cdef const char* s = PyBytes_AS_STRING(verdict)
         cdef Py_ssize_t n = PyBytes_GET_SIZE(verdict), i, size, w, index, bitmap, most, k
-        cdef Py_ssize_t count = len(self.shapes), tries
+        cdef Py_ssize_t count = len(self.shapes)
         cdef Py_ssize_t* spans = self.scratch
         cdef _Shape shape = None
         cdef const char* t
         cdef char* o
-        for tries in range(count):
-            index = (self.last + tries) % count  # the shape of the last verdict, first
-            if self._fits(<_Shape>self.shapes[index], s, n):
-                shape = <_Shape>self.shapes[index]
-                break
-        if shape is None:  # a new shape: this verdict is its first
-            if count >= _MAX_SHAPES:
-                return None
-            shape = _Shape()  # made first: nothing runs between the cut and its copy
+        cdef uint64_t sign
+        # the shape of the last verdict, first; else the kept shapes that look the same
+        # at a glance (a verdict of a new shape is not walked along every kept one)
+        index = self.last
+        if count and self._fits(<_Shape>self.shapes[index], s, n):
+            shape = <_Shape>self.shapes[index]
+        else:
             k = _cut(s, n, spans)
             if k < 0:
                 return None
-            shape.text = verdict
-            shape.count = k
-            shape.spans = <Py_ssize_t*>PyMem_Malloc((2 * k + 1) * sizeof(Py_ssize_t))
-            if shape.spans == NULL:
-                raise MemoryError()
-            memcpy(shape.spans, spans, 2 * k * sizeof(Py_ssize_t))
-            index = count
-            self.shapes.append(shape)
+            sign = _sign(spans, k, n)
+            for index in range(count):
+                if index != self.last and (<_Shape>self.shapes[index]).sign == sign:
+                    if self._fits(<_Shape>self.shapes[index], s, n):
+                        shape = <_Shape>self.shapes[index]
+                        break
+            if shape is None:  # a new shape: this verdict is its first
+                if count >= _MAX_SHAPES:
+                    return None
+                shape = _Shape()  # made before the cut: nothing runs between it and its copy
+                k = _cut(s, n, spans)  # again: a shape tried since wrote over the first
+                shape.text = verdict
+                shape.count = k
+                shape.sign = sign
+                shape.spans = <Py_ssize_t*>PyMem_Malloc((2 * k + 1) * sizeof(Py_ssize_t))
+                if shape.spans == NULL:
+                    raise MemoryError()
+                memcpy(shape.spans, spans, 2 * k * sizeof(Py_ssize_t))
+                index = count
+                self.shapes.append(shape)
         self.last = index
         k = shape.count
         t = PyBytes_AS_STRING(shape.text)
