@@ -62,6 +62,22 @@ def test_a_verdict_of_a_kept_shape_keeps_only_the_values_that_differ() -> None:
     assert shapes.unpack(kept) == second
 
 
+def test_shapes_that_look_the_same_at_a_glance_are_told_apart() -> None:
+    shapes = _shapes.Shapes()
+    # one value each, and pieces of the same lengths around it: only their bytes differ
+    texts = [b'{"a":1}', b'{"b":1}', b'{"a":2}', b'{"b":3}', b'{"c":1}']
+    packed = [shapes.pack(text) for text in texts]
+    assert len(shapes) == 3
+    assert [kept[:1] if kept else None for kept in packed] == [
+        b"\x00",
+        b"\x01",
+        b"\x00",
+        b"\x01",
+        b"\x02",
+    ]
+    assert [shapes.unpack(kept) for kept in packed if kept] == texts
+
+
 def test_past_the_shapes_kept_a_verdict_is_not_packed() -> None:
     shapes = _shapes.Shapes()
     texts = [b"[" + b"1," * n + b"1]" for n in range(_shapes.MAX_SHAPES + 1)]
