@@ -12,6 +12,10 @@ for ~1,300, in ~11,000 instructions, where zstd against a trained dictionary too
 shape of the verdict before it, else along the kept shapes whose number of values and
 lengths of pieces are its own: never along all of them.
 
+The shapes outlive the records (they expire; the shapes stay): a shape keeps no value
+that follows one of the field names it is given (``blank``: those that tell of an event
+or an account), so each verdict keeps those values itself.
+
 ``unpack(pack(v)) == v`` for every ``v`` by construction: a verdict is cut into pieces
 that, put end to end, are the verdict, and every piece is either kept or is the very
 same bytes in the shape; how the pieces are cut only decides how much is kept. The
@@ -139,6 +143,8 @@ cdef class Shapes:
     """The shapes of the verdicts of one store (see the module's docstring)."""
 
     cdef list shapes
+    cdef tuple blank
+    """What comes before each value a shape leaves out (``__init__``)."""
     cdef Py_ssize_t* scratch
     """The values of the verdict being packed."""
     cdef char* packing
@@ -155,12 +161,60 @@ cdef class Shapes:
         if self.scratch == NULL or self.packing == NULL:
             raise MemoryError()
 
+    def __init__(self, blank=()):
+        """``blank``: the ends of the pieces (``b'"account_id":'``) whose values the
+        shapes leave out, so that what outlives the records tells nothing of them."""
+        self.blank = tuple(bytes(end) for end in blank)
+
     def __dealloc__(self):
         PyMem_Free(self.scratch)
         PyMem_Free(self.packing)
 
+    cdef bytes _template(self, const char* s, Py_ssize_t n, Py_ssize_t k, Py_ssize_t* spans):
+        """``s`` (cut into ``k`` values in ``scratch``) with each value after one of the
+        ``blank`` ends left out; its values' spans into ``spans``."""
+        cdef Py_ssize_t i, start = 0, w = 0, size, value_start, value_end
+        cdef bint left_out
+        cdef bytes end, text
+        cdef char* o = <char*>PyMem_Malloc(n + 1)
+        if o == NULL:
+            raise MemoryError()
+        try:
+            for i in range(k):
+                value_start, value_end = self.scratch[2 * i], self.scratch[2 * i + 1]
+                size = value_start - start  # the piece before the value
+                memcpy(o + w, s + start, size)
+                w += size
+                left_out = False
+                # null tells nothing: kept, it need not be kept again with each verdict
+                if value_end - value_start != 4 or memcmp(s + value_start, b"null", 4) != 0:
+                    for end in self.blank:
+                        size = PyBytes_GET_SIZE(end)
+                        if value_start - start >= size and memcmp(
+                            s + value_start - size, PyBytes_AS_STRING(end), size
+                        ) == 0:
+                            left_out = True
+                            break
+                spans[2 * i] = w
+                if not left_out:
+                    memcpy(o + w, s + value_start, value_end - value_start)
+                    w += value_end - value_start
+                spans[2 * i + 1] = w
+                start = value_end
+            memcpy(o + w, s + start, n - start)
+            w += n - start
+            text = PyBytes_FromStringAndSize(o, w)
+        finally:
+            PyMem_Free(o)
+        return text
+
     def __len__(self):
         return len(self.shapes)
+
+    @property
+    def texts(self):
+        """The text of each shape kept, in order: what outlives every record."""
+        return [(<_Shape>shape).text for shape in self.shapes]
 
     cdef bint _fits(self, _Shape shape, const char* s, Py_ssize_t n) noexcept:
         """Whether ``s[:n]`` is of ``shape``: its pieces between values the same bytes;
@@ -214,13 +268,12 @@ cdef class Shapes:
                     return None
                 shape = _Shape()  # made before the cut: nothing runs between it and its copy
                 k = _cut(s, n, spans)  # again: a shape tried since wrote over the first
-                shape.text = verdict
                 shape.count = k
                 shape.sign = sign
                 shape.spans = <Py_ssize_t*>PyMem_Malloc((2 * k + 1) * sizeof(Py_ssize_t))
                 if shape.spans == NULL:
                     raise MemoryError()
-                memcpy(shape.spans, spans, 2 * k * sizeof(Py_ssize_t))
+                shape.text = self._template(s, n, k, shape.spans)
                 index = count
                 self.shapes.append(shape)
         self.last = index

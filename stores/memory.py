@@ -5,7 +5,8 @@ is 40 bytes, five 64-bit integers (a Bucket object with its integers took twice 
 An idempotency record is its version and expiry, then its other fields (the verdict,
 which explains every applicable limit and is most of what a replay holds, and the
 bucket keys) as one msgpack document, with the verdict kept as what differs from the
-first verdict of its shape (``stores._shapes``: ~200 bytes for ~1,300). A verdict of
+first verdict of its shape (``stores._shapes``: ~200 bytes for ~1,300; the shapes keep
+none of the values that tell of an event or an account, ``TELLING``). A verdict of
 no shape kept (past 256 shapes), or any verdict when the extension is not built, has the
 record zstd-compressed instead, against a dictionary trained for the first verdicts the
 store keeps (``stores.verdict_codec.make_dictionary``). zstd had been a quarter of the
@@ -31,7 +32,7 @@ from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import ConflictError
 from schemas.events import EventType
 from stores.base import Expected, Retention, Store, key_hint
-from stores.verdict_codec import make_dictionary, richest, zstd_pair
+from stores.verdict_codec import TELLING, make_dictionary, richest, zstd_pair
 
 try:
     from stores import _fastmemory
@@ -236,7 +237,7 @@ class Codec:
 
     def __init__(self, dictionary: bytes) -> None:
         self.compress, self.decompress = zstd_pair(dictionary)
-        self.shapes = None if _shapes is None else _shapes.Shapes()
+        self.shapes = None if _shapes is None else _shapes.Shapes(TELLING)
 
     def pack(self, r: EventRecord) -> bytes:
         shaped = None if self.shapes is None else self.shapes.pack(r.verdict)

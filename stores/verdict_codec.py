@@ -45,6 +45,9 @@ VERDICT_WORDS: Final = (
 
 _IDENTIFYING: Final = ("event_id", "account_id", "original_event_id", "occurred_at", "amount")
 _USED: Final = ("count_used", "count_remaining", "amount_used", "amount_remaining", "used")
+TELLING: Final = tuple(f'"{name}":'.encode() for name in (*_IDENTIFYING, *_USED, "seq"))
+"""What comes before each value of a verdict that tells of its event or account (its
+field name): what a dictionary or a shape kept beyond the records leaves out."""
 
 
 def pack_verdict(verdict: bytes) -> bytes:

@@ -156,5 +156,20 @@ async def test_a_replay_stores_its_verdicts_by_shape_and_resends_get_them_again(
     assert 0 < len(codec.shapes) < 20
 
 
+async def test_the_shapes_kept_tell_nothing_of_an_event_or_an_account() -> None:
+    store = MemoryStore()
+    lines = generated(2_000, accounts=40, merchants=6)
+    await replayed(store, lines)
+    codec = store.data.codec
+    assert codec is not None and codec.shapes is not None
+    events = [json.loads(line) for line in lines]
+    told = {e[name].encode() for e in events for name in ("event_id", "account_id")}
+    told |= {e["occurred_at"].encode() for e in events}
+    for text in codec.shapes.texts:
+        assert b'"rules_version":"' in text  # what verdicts share is kept
+        assert not [value for value in told if value in text]
+        assert b'"event_id":,"account_id":,' in text
+
+
 def test_the_shapes_are_built_from_their_source() -> None:
     assert_built_after(private(memory, "_shapes"), "stores/_shapes.pyx")
