@@ -10,7 +10,7 @@ none of the values that tell of an event or an account, ``TELLING``). A verdict 
 no shape kept (past 256 shapes), or any verdict when the extension is not built, has the
 record zstd-compressed instead, against a dictionary trained for the first verdicts the
 store keeps (``stores.verdict_codec.make_dictionary``). zstd had been a quarter of the
-instructions a ``memory://`` replay spent on an event; records kept by shape take ~100
+instructions a ``memory://`` replay spent on an event; records kept by shape take ~110
 bytes more each. ``load`` unpacks the few records it is asked for.
 
 ``_read`` and ``_write`` run compiled (``stores._fastmemory``, the same loops, checks and
