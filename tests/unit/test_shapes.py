@@ -4,7 +4,6 @@ back byte for byte, whatever its text; what cannot be kept so is zstd-compressed
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import example, given
@@ -21,8 +20,6 @@ from tests.unit.test_memory_fast import replayed
 _shapes, needs_shapes = optional("stores._shapes")
 pytestmark = needs_shapes
 
-RULES = Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"
-
 _VERDICT = (
     b'{"event_id":"e-1","account_id":"a-1","type":"payment","decision":"accept",'
     b'"reason":null,"seq":1,"violations":[],"occurred_at":"2026-03-01T00:00:00Z",'
@@ -38,12 +35,13 @@ _json_texts = st.recursive(
 """JSON texts as limitflow writes verdicts (no spaces), of any shape and any escapes."""
 
 
+@pytest.mark.parametrize("blank", [(), (b'":',)], ids=["all-kept", "values-after-names-left-out"])
 @given(st.lists(_json_texts | st.binary(max_size=60), min_size=1, max_size=12))
 @example([b'{"a":"x\\\\"}', b'{"a":"x\\""}', b'{"a":"\\"', b'"', b'{"a":1}'])
 @example([_VERDICT, _VERDICT.replace(b"e-1", b'e\\"1').replace(b'"seq":1', b'"seq":22')])
 @example([b"", b"1", b"-", b'{"a":"', b'{"a":"b\\'])
-def test_every_text_comes_back_byte_for_byte(texts: list[bytes]) -> None:
-    shapes = _shapes.Shapes()
+def test_every_text_comes_back_byte_for_byte(blank: tuple[bytes, ...], texts: list[bytes]) -> None:
+    shapes = _shapes.Shapes(blank)
     packed = [shapes.pack(text) for text in texts]
     for text, kept in zip(texts, packed, strict=True):
         assert kept is not None
