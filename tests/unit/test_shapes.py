@@ -15,7 +15,7 @@ from schemas.events import EventType
 from stores import memory
 from stores.memory import Codec, MemoryStore
 from tests.unit.built import assert_built_after, optional, private
-from tests.unit.test_memory_fast import replayed
+from tests.unit.test_memory_fast import NOW, replayed
 
 _shapes, needs_shapes = optional("stores._shapes")
 pytestmark = needs_shapes
@@ -132,7 +132,9 @@ async def test_built_without_shapes_every_record_is_compressed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(memory, "_shapes", None)  # as without a C compiler
-    compiled, python = MemoryStore(), MemoryStore(compiled=False)
+    # one clock for both: a record's expiry is counted from the store's clock
+    compiled = MemoryStore(clock=lambda: NOW)
+    python = MemoryStore(clock=lambda: NOW, compiled=False)
     lines = generated(500, accounts=20, merchants=4)
     for store in (compiled, python):
         first = await replayed(store, lines)
