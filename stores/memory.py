@@ -8,8 +8,10 @@ bucket keys) as one msgpack document, with the verdict kept as what differs from
 first verdict of its shape (``stores._shapes``: ~200 bytes for ~1,300; the shapes keep
 none of the values that tell of an event or an account, ``TELLING``). A verdict of
 no shape kept (past 256 shapes), or any verdict when the extension is not built, has the
-record zstd-compressed instead, against a dictionary trained for the first verdicts the
-store keeps (``stores.verdict_codec.make_dictionary``). zstd had been a quarter of the
+record zstd-compressed instead, against a dictionary trained from one verdict
+(``stores.verdict_codec.make_dictionary``, ~34 ms): the first verdict of no shape kept,
+when that comes (most stores never train one), else the richest verdict of the store's
+first commit. zstd had been a quarter of the
 instructions a ``memory://`` replay spent on an event; records kept by shape take ~110
 bytes more each. ``load`` unpacks the few records it is asked for.
 
@@ -159,12 +161,15 @@ class MemoryStore(Store):
                 data.events[key] = codec.pack(record)
 
     def _codec(self, writes: Writes) -> Codec:
-        """The store's codec; made at its first commit of event records (``writes``), from
-        the richest of their verdicts."""
+        """The store's codec; made at its first commit of event records (``writes``), with
+        a dictionary made from the richest of their verdicts when there are no shapes."""
         data = self.data
         if data.codec is None:
-            first = richest(r.verdict for r in writes.events.values()) or b""
-            data.codec = Codec(make_dictionary(first))
+            if _shapes is None:
+                first = richest(r.verdict for r in writes.events.values()) or b""
+                data.codec = Codec(make_dictionary(first))
+            else:  # the dictionary, when a verdict has no shape kept: most never need one
+                data.codec = Codec()
         return data.codec
 
     async def _create(self) -> None:
@@ -231,13 +236,25 @@ class Codec:
     """Packs event records: a header, then either ``_SHAPED`` and the record's msgpack
     with its verdict packed by ``shapes`` (``stores._shapes``, when built), or, for a
     verdict of no shape kept, the record's msgpack zstd-compressed against a dictionary
-    (a frame starts with zstd's magic number, never ``_SHAPED``)."""
+    (a frame starts with zstd's magic number, never ``_SHAPED``). Without ``dictionary``,
+    one is made from the verdict of the first record compressed."""
 
-    __slots__ = ("compress", "decompress", "shapes")
+    __slots__ = ("_zstd", "shapes")
 
-    def __init__(self, dictionary: bytes) -> None:
-        self.compress, self.decompress = zstd_pair(dictionary)
+    def __init__(self, dictionary: bytes | None = None) -> None:
+        self._zstd = None if dictionary is None else zstd_pair(dictionary)
         self.shapes = None if _shapes is None else _shapes.Shapes(TELLING)
+
+    def compress(self, doc: bytes) -> bytes:
+        """``doc`` (a record's msgpack) zstd-compressed against the dictionary."""
+        if self._zstd is None:
+            self._zstd = zstd_pair(make_dictionary(_decode(doc)[5]))
+        return self._zstd[0](doc)
+
+    def decompress(self, frame: bytes | memoryview) -> bytes:
+        if self._zstd is None:  # no record was compressed: not one of this store's
+            raise ValueError("a zstd-compressed record, and no dictionary made")
+        return self._zstd[1](frame)
 
     def pack(self, r: EventRecord) -> bytes:
         shaped = None if self.shapes is None else self.shapes.pack(r.verdict)

@@ -114,18 +114,50 @@ def _record(verdict: bytes) -> EventRecord:
     )
 
 
-def test_a_record_whose_verdict_has_no_shape_kept_is_compressed_and_read_back() -> None:
-    codec = Codec(_VERDICT)
+def test_a_record_whose_verdict_has_no_shape_kept_is_compressed_and_read_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[bytes] = []
+    make = memory.make_dictionary
+    monkeypatch.setattr(memory, "make_dictionary", lambda v: made.append(v) or make(v))
+    codec = Codec()
     assert codec.shapes is not None
     for n in range(_shapes.MAX_SHAPES):
         codec.pack(_record(b"[" + b"1," * n + b"1]"))
+    assert made == []  # every verdict had a shape: no dictionary yet
     odd = _record(b'{"odd":[' + b"2," * 300 + b"2]}")
     packed = codec.pack(odd)
     assert packed[16:20] == b"\x28\xb5\x2f\xfd"  # a zstd frame
+    assert made == [odd.verdict]  # made from the first verdict of no shape kept
     assert codec.unpack(packed) == odd
+    other = _record(b'{"other":[' + b"3," * 200 + b"3]}")
+    assert codec.unpack(codec.pack(other)) == other
+    assert len(made) == 1
     shaped = codec.pack(_record(b"[" + b"1," * 7 + b"9]"))
     assert shaped[16:17] == b"\x02"
     assert codec.unpack(shaped).verdict == b"[" + b"1," * 7 + b"9]"
+
+
+def test_a_compressed_record_without_a_dictionary_made_is_refused() -> None:
+    compressing = Codec(_VERDICT)
+    compressing.shapes = None  # every record compressed, as without the extension
+    packed = compressing.pack(_record(_VERDICT))
+    assert packed[16:20] == b"\x28\xb5\x2f\xfd"
+    with pytest.raises(ValueError, match="no dictionary"):
+        Codec().unpack(packed)  # a store's records are its own: this one trained none
+
+
+async def test_a_store_whose_verdicts_all_have_a_shape_trains_no_dictionary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[bytes] = []
+    monkeypatch.setattr(memory, "make_dictionary", made.append)
+    store = MemoryStore()
+    lines = generated(2_000, accounts=40, merchants=6)
+    first = await replayed(store, lines)
+    again = await replayed(store, lines)
+    assert [verdict for _, verdict, _ in again] == [verdict for _, verdict, _ in first]
+    assert made == []  # ~34 ms a store (the first commit's) no longer spent
 
 
 async def test_built_without_shapes_every_record_is_compressed(
