@@ -243,7 +243,7 @@ class Codec:
 
     def __init__(self, dictionary: bytes | None = None) -> None:
         self._zstd = None if dictionary is None else zstd_pair(dictionary)
-        self.shapes = None if _shapes is None else _shapes.Shapes(TELLING)
+        self.shapes: _shapes.Shapes | None = None if _shapes is None else _shapes.Shapes(TELLING)
 
     def compress(self, doc: bytes) -> bytes:
         """``doc`` (a record's msgpack) zstd-compressed against the dictionary."""

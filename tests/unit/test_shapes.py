@@ -14,6 +14,7 @@ from handlers.state import EventRecord
 from schemas.events import EventType
 from stores import memory
 from stores.memory import Codec, MemoryStore
+from stores.verdict_codec import make_dictionary
 from tests.unit.built import assert_built_after, optional, private
 from tests.unit.test_memory_fast import NOW, replayed
 
@@ -118,8 +119,12 @@ def test_a_record_whose_verdict_has_no_shape_kept_is_compressed_and_read_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     made: list[bytes] = []
-    make = memory.make_dictionary
-    monkeypatch.setattr(memory, "make_dictionary", lambda v: made.append(v) or make(v))
+
+    def recorded(verdict: bytes) -> bytes:
+        made.append(verdict)
+        return make_dictionary(verdict)
+
+    monkeypatch.setattr(memory, "make_dictionary", recorded)
     codec = Codec()
     assert codec.shapes is not None
     for n in range(_shapes.MAX_SHAPES):
