@@ -10,7 +10,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from benchmarks.generate import events as generated
-from handlers.state import EventRecord
+from handlers.state import EventRecord, Keys, Writes
 from schemas.events import EventType
 from stores import memory
 from stores.memory import Codec, MemoryStore
@@ -141,6 +141,27 @@ def test_a_record_whose_verdict_has_no_shape_kept_is_compressed_and_read_back(
     shaped = codec.pack(_record(b"[" + b"1," * 7 + b"9]"))
     assert shaped[16:17] == b"\x02"
     assert codec.unpack(shaped).verdict == b"[" + b"1," * 7 + b"9]"
+
+
+async def test_past_the_shapes_both_loops_store_compressed_records_that_load_back() -> None:
+    stores = MemoryStore(clock=lambda: NOW), MemoryStore(clock=lambda: NOW, compiled=False)
+    verdicts = [b"[" + b"1," * n + b"1]" for n in range(_shapes.MAX_SHAPES + 40)]
+    records = {f"e{n}": _record(verdict) for n, verdict in enumerate(verdicts)}
+    for store in stores:
+        for start in range(0, len(records), 100):  # the dictionary made mid-commit
+            keys = list(records)[start : start + 100]
+            await store.commit(Writes(events={key: records[key] for key in keys}))
+        events = store.data.events
+        assert all(events[f"e{n}"][16:17] == b"\x02" for n in range(_shapes.MAX_SHAPES))
+        assert all(
+            events[f"e{n}"][16:20] == b"\x28\xb5\x2f\xfd"
+            for n in range(_shapes.MAX_SHAPES, len(verdicts))
+        )
+        loaded = await store.load(Keys(events=set(records)))
+        assert {key: r.verdict for key, r in loaded.events.items()} == {
+            key: r.verdict for key, r in records.items()
+        }
+    assert stores[0].data.events == stores[1].data.events
 
 
 def test_a_compressed_record_without_a_dictionary_made_is_refused() -> None:
