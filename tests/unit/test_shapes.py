@@ -109,6 +109,16 @@ def test_a_damaged_packed_verdict_is_a_value_error() -> None:
             shapes.unpack(damaged)
 
 
+def _compressed(packed: bytes) -> bool:
+    """Whether a packed record's body (after its 16-byte header) is a zstd frame."""
+    return packed[16:20] == b"\x28\xb5\x2f\xfd"  # zstd's magic number
+
+
+def _by_shape(packed: bytes) -> bool:
+    """Whether a packed record's body is tagged as holding its verdict by shape."""
+    return packed[16:17] == b"\x02"
+
+
 def _record(verdict: bytes) -> EventRecord:
     return EventRecord(
         "f" * 32, "a-1", EventType.PAYMENT, True, 1, verdict, 1000, "CNY", 0, ("k",), 0, 1, None
@@ -132,14 +142,14 @@ def test_a_record_whose_verdict_has_no_shape_kept_is_compressed_and_read_back(
     assert made == []  # every verdict had a shape: no dictionary yet
     odd = _record(b'{"odd":[' + b"2," * 300 + b"2]}")
     packed = codec.pack(odd)
-    assert packed[16:20] == b"\x28\xb5\x2f\xfd"  # a zstd frame
+    assert _compressed(packed)
     assert made == [odd.verdict]  # made from the first verdict of no shape kept
     assert codec.unpack(packed) == odd
     other = _record(b'{"other":[' + b"3," * 200 + b"3]}")
     assert codec.unpack(codec.pack(other)) == other
     assert len(made) == 1
     shaped = codec.pack(_record(b"[" + b"1," * 7 + b"9]"))
-    assert shaped[16:17] == b"\x02"
+    assert _by_shape(shaped)
     assert codec.unpack(shaped).verdict == b"[" + b"1," * 7 + b"9]"
 
 
@@ -152,11 +162,8 @@ async def test_past_the_shapes_both_loops_store_compressed_records_that_load_bac
             keys = list(records)[start : start + 100]
             await store.commit(Writes(events={key: records[key] for key in keys}))
         events = store.data.events
-        assert all(events[f"e{n}"][16:17] == b"\x02" for n in range(_shapes.MAX_SHAPES))
-        assert all(
-            events[f"e{n}"][16:20] == b"\x28\xb5\x2f\xfd"
-            for n in range(_shapes.MAX_SHAPES, len(verdicts))
-        )
+        assert all(_by_shape(events[f"e{n}"]) for n in range(_shapes.MAX_SHAPES))
+        assert all(_compressed(events[f"e{n}"]) for n in range(_shapes.MAX_SHAPES, len(verdicts)))
         loaded = await store.load(Keys(events=set(records)))
         assert {key: r.verdict for key, r in loaded.events.items()} == {
             key: r.verdict for key, r in records.items()
@@ -168,7 +175,7 @@ def test_a_compressed_record_without_a_dictionary_made_is_refused() -> None:
     compressing = Codec(_VERDICT)
     compressing.shapes = None  # every record compressed, as without the extension
     packed = compressing.pack(_record(_VERDICT))
-    assert packed[16:20] == b"\x28\xb5\x2f\xfd"
+    assert _compressed(packed)
     with pytest.raises(ValueError, match="no dictionary"):
         Codec().unpack(packed)  # a store's records are its own: this one trained none
 
@@ -198,7 +205,7 @@ async def test_built_without_shapes_every_record_is_compressed(
         first = await replayed(store, lines)
         again = await replayed(store, lines)
         assert [verdict for _, verdict, _ in again] == [verdict for _, verdict, _ in first]
-        assert all(packed[16:20] == b"\x28\xb5\x2f\xfd" for packed in store.data.events.values())
+        assert all(_compressed(packed) for packed in store.data.events.values())
     assert compiled.data.events == python.data.events
 
 
@@ -208,7 +215,7 @@ async def test_a_replay_stores_its_verdicts_by_shape_and_resends_get_them_again(
     first = await replayed(store, lines)
     again = await replayed(store, lines)  # every event a resend: its stored verdict
     assert [verdict for _, verdict, _ in again] == [verdict for _, verdict, _ in first]
-    assert all(packed[16:17] == b"\x02" for packed in store.data.events.values())
+    assert all(_by_shape(packed) for packed in store.data.events.values())
     codec = store.data.codec
     assert codec is not None and codec.shapes is not None
     assert 0 < len(codec.shapes) < 20
