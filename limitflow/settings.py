@@ -375,8 +375,10 @@ TEST_VARIABLES: Final = (
     "NOIDA_BIN",
     "DYNAMODB_JAVA_OPTS",
     "MONGO_URI",
+    "ORACLE_SEED",
 )
-"""``LIMITFLOW_*`` variables read by the test servers (``tests/servers.py``), not settings."""
+"""``LIMITFLOW_*`` variables read by the test servers (``tests/servers.py``) and the tests
+(``tests/unit/test_oracle.py``), not settings."""
 
 
 METADATA_MAX_AGE_MS: Final = 30_000

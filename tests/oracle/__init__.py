@@ -1,0 +1,16 @@
+"""An independent reference model of ``limitflow replay`` and a generator of cases for it.
+
+Both were written from the contract (the issue that specified the decision core and
+``limitflow replay``, plus what the README adds about parsing), never from limitflow's
+code, so that a misreading in the code does not reappear in the model: ``model`` decides
+a file of event lines as the contract says, ``generate`` makes random rules files and
+event streams aimed at the edges (DST and odd-offset zones, period boundaries, JPY, CNY
+and KWD amounts, limits of 0, exact-at-limit, scope lists, ``match``, reversals of every
+outcome, resends reformatted or changed, invalid lines). ``tests/unit/test_oracle.py``
+runs the product on them and compares.
+
+Deliberately left out: the verdict's ``limits`` explanation and ``rules_version``,
+``--dry-run``, and the contract's open choices, which the generator avoids rather than
+the model guessing them: a reversal in another currency than its original's, or with
+more fraction digits than the original's currency has.
+"""

@@ -1,0 +1,426 @@
+"""The reference model: decides event lines one by one as the contract says.
+
+Plain dicts and ``Decimal``; amounts are held as integers in the currency's minor units
+(the contract's fraction-digit rule makes them exact). ``Model(rules).process(line)``
+gives one outcome per input line, in input order, as ``limitflow replay`` writes them.
+Zones are read from the ``tzdata`` package alone (limitflow's choice, stated in its
+README), loaded here by file so that nothing process-wide (``zoneinfo``'s search path)
+changes for the other tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
+from importlib import resources
+from typing import Any, Final
+from zoneinfo import ZoneInfo
+
+MINOR: Final = {"CNY": 2, "USD": 2, "EUR": 2, "GBP": 2, "JPY": 0, "KWD": 3}
+"""ISO 4217 minor units of the currencies the contract names (the generator uses no other)."""
+
+REVERSAL_DIGITS: Final = 4  # a reversal's amount without a currency: the most any has (README)
+KNOWN_FIELDS: Final = frozenset(
+    ("event_id", "type", "account_id", "amount", "currency", "occurred_at", "original_event_id")
+)
+RFC3339: Final = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+DECIMAL_TEXT: Final = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+EARLIEST: Final = datetime(1, 1, 2, tzinfo=UTC)  # the README's range of instants
+LATEST: Final = datetime(9999, 12, 31, tzinfo=UTC)
+FORMATS: Final = {"minute": "%Y-%m-%dT%H:%M", "hour": "%Y-%m-%dT%H", "day": "%Y-%m-%d"}
+
+Canon = tuple[str, str]
+BucketKey = tuple[str, tuple[Canon, ...], str]
+
+
+class Invalid(Exception):
+    """The line is JSON but not a valid event: an ``invalid_event``."""
+
+
+@functools.cache
+def zone(name: str) -> ZoneInfo:
+    """The zone ``name`` from the ``tzdata`` package, whatever the host holds."""
+    path = resources.files("tzdata.zoneinfo")
+    for part in name.split("/"):
+        path = path.joinpath(part)
+    with path.open("rb") as data:
+        return ZoneInfo.from_file(data, key=name)
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    window: str
+    zone: str
+    scope: tuple[str, ...]
+    currency: str | None
+    max_count: int | None
+    max_units: int | None  # max_amount in the currency's minor units
+    match: dict[str, frozenset[Canon]]
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Rule:
+        scope = doc.get("scope", "account_id")
+        currency = doc.get("currency")
+        max_amount = doc.get("max_amount")
+        return cls(
+            id=doc["id"],
+            window=doc["window"],
+            zone=doc.get("timezone", "UTC"),
+            scope=(scope,) if isinstance(scope, str) else tuple(scope),
+            currency=currency,
+            max_count=doc.get("max_count"),
+            max_units=None if max_amount is None else units_of(Decimal(str(max_amount)), currency),
+            match={k: frozenset(map(canon, vs)) for k, vs in (doc.get("match") or {}).items()},
+        )
+
+    def period(self, instant: datetime) -> str:
+        """The calendar period of ``instant`` in this rule's zone."""
+        if self.window in ("lifetime", "transaction"):
+            return self.window
+        local = instant.astimezone(zone(self.zone))
+        if self.window == "week":
+            year, week, _ = local.isocalendar()
+            return f"{year:04d}-W{week:02d}"
+        if self.window == "month":
+            return f"{local.year:04d}-{local.month:02d}"
+        if self.window == "year":
+            return f"{local.year:04d}"
+        return local.strftime(FORMATS[self.window])
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule_id: str
+    metric: str
+    period: str
+    limit: Decimal
+    used: Decimal
+
+
+@dataclass
+class Verdict:
+    event_id: str
+    account_id: str
+    type: str
+    decision: str
+    reason: str | None
+    violations: list[Violation]
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class Blank:
+    """A line of JSON blanks: in neither output."""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    error: str  # invalid_json | invalid_event | idempotency_conflict
+    why: str
+
+
+@dataclass(frozen=True)
+class Decided:
+    verdict: Verdict
+    duplicate: bool  # a resend: the product must repeat the original's bytes
+
+
+Outcome = Blank | DeadLetter | Decided
+
+
+@dataclass
+class Event:
+    event_id: str
+    type: str
+    account_id: str
+    instant: datetime
+    currency: str | None
+    units: int | None  # a payment's amount in minor units
+    reversal_amount: Decimal | None  # a reversal's, in its original's currency
+    original_event_id: str | None
+    fields: dict[str, Any]
+    payload: tuple[object, ...]  # what a resend must repeat to be the same event
+
+
+@dataclass
+class Booked:
+    """A payment that got a verdict, as a later reversal finds it."""
+
+    account_id: str
+    currency: str
+    accepted: bool
+    left: int  # minor units not reversed yet
+    keys: list[BucketKey] = field(default_factory=list)
+
+
+def canon(value: object) -> Canon:
+    """A scope or match value: compared as text, a number by its value (``6011.0`` is
+    ``6011``, and so is ``"6011"``)."""
+    if isinstance(value, bool) or value is None or isinstance(value, list | dict):
+        return ("other", json.dumps(value, sort_keys=True, default=str))
+    if isinstance(value, int | float | Decimal):
+        number = Decimal(value)
+        if number == number.to_integral_value():
+            return ("text", str(int(number)))
+        return ("text", format(number.normalize(), "f"))
+    return ("text", str(value))
+
+
+def payload_value(value: object) -> object:
+    """A field of one's own, for comparing resends: numbers by value, ``null`` kept."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, payload_value(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(payload_value(v) for v in value)
+    if isinstance(value, bool) or value is None:
+        return ("literal", value)
+    if isinstance(value, int | Decimal):
+        return ("number", Decimal(value).normalize())
+    return ("string", value)
+
+
+def units_of(amount: Decimal, currency: str | None) -> int:
+    """``amount`` in minor units; ``Invalid`` if it has more fraction digits than allowed."""
+    scaled = amount.scaleb(MINOR[currency] if currency else REVERSAL_DIGITS)
+    if scaled != scaled.to_integral_value():
+        raise Invalid("too many fraction digits")
+    if len(str(int(scaled))) > 15:
+        raise Invalid("more than 15 digits in minor units")
+    return int(scaled)
+
+
+def parse_amount(value: object) -> Decimal:
+    """A decimal string (JSON blanks around it allowed) or a JSON number, > 0."""
+    if isinstance(value, str):
+        text = value.strip(" \t\r\n")
+        if not DECIMAL_TEXT.fullmatch(text):
+            raise Invalid("amount is not a decimal")
+        amount = Decimal(text)
+    elif isinstance(value, int | Decimal) and not isinstance(value, bool):
+        amount = Decimal(value)
+    else:
+        raise Invalid("amount is not a string or number")
+    if amount <= 0:
+        raise Invalid("amount <= 0")
+    return amount
+
+
+def parse_time(value: object) -> datetime:
+    """RFC 3339 with an offset; digits past the sixth and a leap second's ``:60`` are read
+    as the last microsecond (README)."""
+    match = RFC3339.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise Invalid("occurred_at is not RFC 3339 with an offset")
+    year, month, day, hour, minute, second, fraction, offset = match.groups()
+    micro = int((fraction[1:] + "000000")[:6]) if fraction else 0
+    if second == "60":
+        second, micro = "59", 999999
+    if offset in ("Z", "z"):
+        tz = UTC
+    else:
+        hours, minutes = int(offset[1:3]), int(offset[4:6])
+        if hours > 23 or minutes > 59:
+            raise Invalid("bad offset")
+        delta = timedelta(hours=hours, minutes=minutes)
+        tz = timezone(delta if offset[0] == "+" else -delta)
+    try:
+        local = datetime(
+            int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tz
+        )
+    except ValueError as e:
+        raise Invalid(str(e)) from None
+    instant = local.astimezone(UTC)
+    if not EARLIEST <= instant < LATEST:
+        raise Invalid("instant out of range")
+    return instant
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    if len({k for k, _ in pairs}) != len(pairs):
+        raise Invalid("a member named twice")
+    return dict(pairs)
+
+
+def _text_field(doc: dict[str, Any], name: str, required: bool = True) -> str | None:
+    value = doc.get(name)  # null and missing are the same for the event's own fields
+    if value is None:
+        if required:
+            raise Invalid(f"{name} missing")
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= 128:
+        raise Invalid(f"{name} is not a 1-128 character string")
+    return value
+
+
+def parse_event(doc: dict[str, Any]) -> Event:
+    """The event in ``doc``, or ``Invalid``."""
+    event_id = _text_field(doc, "event_id")
+    kind = doc.get("type", "payment")  # a null type is invalid
+    if kind not in ("payment", "reversal"):
+        raise Invalid("type")
+    account_id = _text_field(doc, "account_id")
+    assert event_id is not None and account_id is not None
+    instant = parse_time(doc.get("occurred_at"))
+    currency = doc.get("currency")
+    if currency is not None and currency not in MINOR:
+        raise Invalid("currency")
+    units = reversal_amount = None
+    original = _text_field(doc, "original_event_id", required=kind == "reversal")
+    if kind == "payment":
+        if currency is None or doc.get("amount") is None:
+            raise Invalid("a payment needs a currency and an amount")
+        units = units_of(parse_amount(doc["amount"]), currency)
+    elif doc.get("amount") is not None:
+        reversal_amount = parse_amount(doc["amount"])
+        units_of(reversal_amount, currency)  # only to check its digits
+    extras = {k: v for k, v in doc.items() if k not in KNOWN_FIELDS}
+    amount = Decimal(units) if units is not None else reversal_amount
+    payload = (
+        kind,
+        account_id,
+        currency,
+        instant,
+        original,
+        None if amount is None else amount.normalize(),
+        payload_value(extras),
+    )
+    return Event(
+        event_id,
+        kind,
+        account_id,
+        instant,
+        currency,
+        units,
+        reversal_amount,
+        original,
+        doc,
+        payload,
+    )
+
+
+class Model:
+    """The state of one replay (or of several in turn on one durable store)."""
+
+    def __init__(self, rules: list[dict[str, Any]]) -> None:
+        self.rules = [Rule.from_doc(doc) for doc in rules]
+        self.buckets: dict[BucketKey, list[int]] = {}  # [count, minor units]
+        self.seen: dict[str, tuple[tuple[object, ...], Verdict]] = {}
+        self.booked: dict[str, Booked] = {}
+        self.seqs: dict[str, int] = {}
+
+    def process(self, line: str) -> Outcome:
+        """The outcome of one input line (without its line end)."""
+        if line.strip(" \t\r") == "":
+            return Blank()
+        try:
+            doc = json.loads(line, parse_float=Decimal, object_pairs_hook=_unique_members)
+        except Invalid as e:
+            return DeadLetter("invalid_event", str(e))
+        except (ValueError, RecursionError) as e:
+            return DeadLetter("invalid_json", str(e))
+        try:
+            if not isinstance(doc, dict):
+                raise Invalid("not an object")
+            event = parse_event(doc)
+        except Invalid as e:
+            return DeadLetter("invalid_event", str(e))
+        if event.event_id in self.seen:
+            payload, verdict = self.seen[event.event_id]
+            if payload == event.payload:
+                return Decided(verdict, duplicate=True)
+            return DeadLetter("idempotency_conflict", "another payload under a seen event_id")
+        verdict = self._payment(event) if event.type == "payment" else self._reversal(event)
+        verdict.seq = self.seqs[event.account_id] = self.seqs.get(event.account_id, 0) + 1
+        self.seen[event.event_id] = (event.payload, verdict)
+        return Decided(verdict, duplicate=False)
+
+    def _applies(self, rule: Rule, event: Event) -> bool:
+        if rule.currency is not None and rule.currency != event.currency:
+            return False
+        if any(event.fields.get(name) is None for name in rule.scope):
+            return False
+        return all(
+            event.fields.get(name) is not None and canon(event.fields[name]) in values
+            for name, values in rule.match.items()
+        )
+
+    def _payment(self, event: Event) -> Verdict:
+        assert event.currency is not None and event.units is not None
+        minor = MINOR[event.currency]
+        violations: list[Violation] = []
+        keys: list[BucketKey] = []
+        for rule in self.rules:
+            if not self._applies(rule, event):
+                continue
+            if rule.window == "transaction":  # no bucket: the amount alone
+                if rule.max_units is not None and event.units > rule.max_units:
+                    limit = Decimal(rule.max_units).scaleb(-minor)
+                    violations.append(
+                        Violation(rule.id, "amount", "transaction", limit, Decimal(0))
+                    )
+                continue
+            scope = tuple(canon(event.fields[name]) for name in rule.scope)
+            key = (rule.id, scope, rule.period(event.instant))
+            count, used = self.buckets.get(key, (0, 0))
+            if rule.max_count is not None and count + 1 > rule.max_count:
+                violations.append(
+                    Violation(rule.id, "count", key[2], Decimal(rule.max_count), Decimal(count))
+                )
+            if rule.max_units is not None and used + event.units > rule.max_units:
+                limit = Decimal(rule.max_units).scaleb(-minor)
+                violations.append(
+                    Violation(rule.id, "amount", key[2], limit, Decimal(used).scaleb(-minor))
+                )
+            keys.append(key)
+        accepted = not violations
+        if accepted:
+            for key in keys:
+                bucket = self.buckets.setdefault(key, [0, 0])
+                bucket[0] += 1
+                bucket[1] += event.units
+        self.booked[event.event_id] = Booked(
+            event.account_id,
+            event.currency,
+            accepted,
+            left=event.units if accepted else 0,
+            keys=keys if accepted else [],
+        )
+        decision, reason = ("accept", None) if accepted else ("reject", "limit_exceeded")
+        return Verdict(event.event_id, event.account_id, "payment", decision, reason, violations)
+
+    def _reversal(self, event: Event) -> Verdict:
+        assert event.original_event_id is not None
+        original = self.booked.get(event.original_event_id)
+        reason = None
+        if original is None or original.account_id != event.account_id:
+            reason = "original_not_found"
+        elif not original.accepted:
+            reason = "original_not_accepted"
+        elif original.left == 0:
+            reason = "already_reversed"
+        else:
+            units = original.left
+            if event.reversal_amount is not None:
+                scaled = event.reversal_amount.scaleb(MINOR[original.currency])
+                if scaled != scaled.to_integral_value():
+                    # an open choice of the contract, which the generator avoids
+                    raise AssertionError(f"{event.event_id}: finer than its original")
+                units = int(scaled)
+            if units > original.left:
+                reason = "reversal_exceeds_original"
+            else:
+                original.left -= units
+                for key in original.keys:
+                    self.buckets[key][1] -= units
+                    if original.left == 0:
+                        self.buckets[key][0] -= 1
+        decision = "reject" if reason else "accept"
+        return Verdict(event.event_id, event.account_id, "reversal", decision, reason, [])
