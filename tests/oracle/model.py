@@ -105,6 +105,23 @@ class Violation:
     used: Decimal
 
 
+@dataclass(frozen=True)
+class Limit:
+    """One entry of a verdict's ``limits``: a rule's bucket after the decision (README,
+    *Verdicts*); amounts in the rule's currency, None where the rule sets no such limit
+    (an amount used, where the rule has no currency)."""
+
+    rule_id: str
+    window: str
+    period: str
+    count_used: int
+    count_limit: int | None
+    count_remaining: int | None
+    amount_used: Decimal | None
+    amount_limit: Decimal | None
+    amount_remaining: Decimal | None
+
+
 @dataclass
 class Verdict:
     event_id: str
@@ -113,6 +130,7 @@ class Verdict:
     decision: str
     reason: str | None
     violations: list[Violation]
+    limits: list[Limit] = field(default_factory=list)
     seq: int = 0
 
 
@@ -352,15 +370,36 @@ class Model:
             for name, values in rule.match.items()
         )
 
+    def _limit(self, rule: Rule, period: str, count: int, used: int) -> Limit:
+        """``rule``'s entry in ``limits`` for a bucket holding ``count`` and ``used``."""
+        minor = None if rule.currency is None else MINOR[rule.currency]
+
+        def amount(units: int | None) -> Decimal | None:
+            return None if units is None or minor is None else Decimal(units).scaleb(-minor)
+
+        return Limit(
+            rule.id,
+            rule.window,
+            period,
+            count,
+            rule.max_count,
+            None if rule.max_count is None else max(rule.max_count - count, 0),
+            amount(used),
+            amount(rule.max_units),
+            None if rule.max_units is None else amount(max(rule.max_units - used, 0)),
+        )
+
     def _payment(self, event: Event) -> Verdict:
         assert event.currency is not None and event.units is not None
         minor = MINOR[event.currency]
         violations: list[Violation] = []
         keys: list[BucketKey] = []
+        applied: list[tuple[Rule, BucketKey | None]] = []
         for rule in self.rules:
             if not self._applies(rule, event):
                 continue
             if rule.window == "transaction":  # no bucket: the amount alone
+                applied.append((rule, None))
                 if rule.max_units is not None and event.units > rule.max_units:
                     limit = Decimal(rule.max_units).scaleb(-minor)
                     violations.append(
@@ -380,12 +419,20 @@ class Model:
                     Violation(rule.id, "amount", key[2], limit, Decimal(used).scaleb(-minor))
                 )
             keys.append(key)
+            applied.append((rule, key))
         accepted = not violations
         if accepted:
             for key in keys:
                 bucket = self.buckets.setdefault(key, [0, 0])
                 bucket[0] += 1
                 bucket[1] += event.units
+        limits = []
+        for rule, applied_key in applied:
+            if applied_key is None:  # a transaction: this payment alone, whatever the decision
+                limits.append(self._limit(rule, "transaction", 1, event.units))
+            else:  # after the decision: with this payment if accepted, as before it if not
+                count, used = self.buckets.get(applied_key, (0, 0))
+                limits.append(self._limit(rule, applied_key[2], count, used))
         self.booked[event.event_id] = Booked(
             event.account_id,
             event.currency,
@@ -394,7 +441,9 @@ class Model:
             keys=keys if accepted else [],
         )
         decision, reason = ("accept", None) if accepted else ("reject", "limit_exceeded")
-        return Verdict(event.event_id, event.account_id, "payment", decision, reason, violations)
+        return Verdict(
+            event.event_id, event.account_id, "payment", decision, reason, violations, limits
+        )
 
     def _reversal(self, event: Event) -> Verdict:
         assert event.original_event_id is not None
@@ -422,5 +471,13 @@ class Model:
                     self.buckets[key][1] -= units
                     if original.left == 0:
                         self.buckets[key][0] -= 1
+        # an accepted reversal explains the buckets it released, after the release, in the
+        # order its payment was counted in them; a rejected one released nothing
+        limits = []
+        if reason is None and original is not None:
+            by_id = {rule.id: rule for rule in self.rules}
+            for key in original.keys:
+                count, used = self.buckets[key]
+                limits.append(self._limit(by_id[key[0]], key[2], count, used))
         decision = "reject" if reason else "accept"
-        return Verdict(event.event_id, event.account_id, "reversal", decision, reason, [])
+        return Verdict(event.event_id, event.account_id, "reversal", decision, reason, [], limits)

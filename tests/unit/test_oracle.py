@@ -3,8 +3,8 @@
 The model and the generator (``tests/oracle``) were written from the contract, not from
 limitflow's code. Each case is replayed as a user runs it, ``python -m limitflow replay``
 in a subprocess, and every line is checked against the model: the dead letter (line,
-error, raw) or the verdict (ids, type, decision, reason, seq, violations in order), a
-resend's verdict byte for byte the original's.
+error, raw) or the verdict (ids, type, decision, reason, seq, violations and limits in
+order), a resend's verdict byte for byte the original's.
 
 The fixed seeds make CI check the same ground on every run (a test keeps them reaching
 every outcome); one fresh seed per run widens it. A failure names its seed, and
@@ -18,6 +18,7 @@ import os
 import secrets
 import subprocess
 import sys
+from dataclasses import astuple
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,16 @@ from typing import Any
 import pytest
 
 from tests.oracle.generate import WINDOWS, Case, case
-from tests.oracle.model import Blank, DeadLetter, Decided, Model, Outcome, Verdict, Violation
+from tests.oracle.model import (
+    Blank,
+    DeadLetter,
+    Decided,
+    Limit,
+    Model,
+    Outcome,
+    Verdict,
+    Violation,
+)
 
 # Picked from the first 400: four that together reach every outcome, and four whose
 # violations are in the most (zone, window) pairs the others miss.
@@ -82,6 +92,21 @@ def violation(v: Violation | dict[str, Any]) -> tuple[str, str, str, Decimal, De
     if isinstance(v, dict):
         return (v["rule_id"], v["metric"], v["period"], Decimal(v["limit"]), Decimal(v["used"]))
     return (v.rule_id, v.metric, v.period, v.limit, v.used)
+
+
+def limit(x: Limit | dict[str, Any]) -> tuple[object, ...]:
+    """A ``limits`` entry of the model or of a verdict, its amounts as numbers."""
+    if isinstance(x, Limit):
+        return astuple(x)
+
+    def number(text: str | None) -> Decimal | None:
+        return None if text is None else Decimal(text)
+
+    return (
+        *(x["rule_id"], x["window"], x["period"]),
+        *(x["count_used"], x["count_limit"], x["count_remaining"]),
+        *(number(x[name]) for name in ("amount_used", "amount_limit", "amount_remaining")),
+    )
 
 
 def violations_text(violations: list[tuple[str, str, str, Decimal, Decimal]]) -> str:
@@ -174,6 +199,13 @@ def verdict_differences(expected: Decided, raw: bytes, first: dict[str, bytes]) 
         found.append(
             f"{want.event_id}: violations:\n      model   [{violations_text(wanted)}]"
             f"\n      product [{violations_text(product)}]"
+        )
+    wanted_limits = [limit(x) for x in want.limits]
+    product_limits = [limit(x) for x in got.get("limits", [])]
+    if product_limits != wanted_limits:
+        found.append(
+            f"{want.event_id}: limits:\n      model   {wanted_limits}"
+            f"\n      product {product_limits}"
         )
     return found
 
