@@ -18,6 +18,7 @@ import os
 import secrets
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import astuple
 from decimal import Decimal
 from pathlib import Path
@@ -109,8 +110,8 @@ def limit(x: Limit | dict[str, Any]) -> tuple[object, ...]:
     )
 
 
-def violations_text(violations: list[tuple[str, str, str, Decimal, Decimal]]) -> str:
-    return "; ".join(f"{r} {m} {p} limit={lim} used={u}" for r, m, p, lim, u in violations)
+def entries_text(entries: list[tuple[object, ...]]) -> str:
+    return "[" + "; ".join(" ".join(map(str, entry)) for entry in entries) + "]"
 
 
 def verdict_text(v: Verdict | dict[str, Any]) -> str:
@@ -193,20 +194,18 @@ def verdict_differences(expected: Decided, raw: bytes, first: dict[str, bytes]) 
         for name in ("event_id", "account_id", "type", "decision", "reason", "seq")
         if got.get(name) != getattr(want, name)
     ]
-    wanted = [violation(v) for v in want.violations]
-    product = [violation(v) for v in got.get("violations", [])]
-    if product != wanted:
-        found.append(
-            f"{want.event_id}: violations:\n      model   [{violations_text(wanted)}]"
-            f"\n      product [{violations_text(product)}]"
-        )
-    wanted_limits = [limit(x) for x in want.limits]
-    product_limits = [limit(x) for x in got.get("limits", [])]
-    if product_limits != wanted_limits:
-        found.append(
-            f"{want.event_id}: limits:\n      model   {wanted_limits}"
-            f"\n      product {product_limits}"
-        )
+    lists: tuple[tuple[str, Callable[[Any], tuple[object, ...]]], ...] = (
+        ("violations", violation),
+        ("limits", limit),
+    )
+    for name, entry in lists:  # each entry as a tuple, amounts as numbers, in order
+        wanted = [entry(x) for x in getattr(want, name)]
+        product = [entry(x) for x in got.get(name, [])]
+        if product != wanted:
+            found.append(
+                f"{want.event_id}: {name}:\n      model   {entries_text(wanted)}"
+                f"\n      product {entries_text(product)}"
+            )
     return found
 
 
