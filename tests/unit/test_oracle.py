@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import astuple
 from decimal import Decimal
@@ -37,6 +35,7 @@ from tests.oracle.model import (
     Verdict,
     Violation,
 )
+from tests.unit.test_cli import jsonl, limitflow, write
 
 # Picked from the first 400: four that together reach every outcome, and four whose
 # violations are in the most (zone, window) pairs the others miss.
@@ -64,22 +63,15 @@ def replay(
 ) -> tuple[list[bytes], list[dict[str, Any]]]:
     """Replays ``lines`` into ``store``: the verdict lines as written, the dead letters."""
     directory.mkdir(parents=True, exist_ok=True)
-    source, output, dead = (directory / name for name in ("in.jsonl", "out.jsonl", "dead.jsonl"))
-    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
-            *("--input", str(source), "--output", str(output), "--dead-letter", str(dead)),
-            *("--store", store),
-        ],
+    source = write(directory / "in.jsonl", lines)
+    output, dead = directory / "out.jsonl", directory / "dead.jsonl"
+    result = limitflow(
+        *("replay", "--rules", str(rules), "--input", str(source)),
+        *("--output", str(output), "--dead-letter", str(dead), "--store", store),
         cwd=directory,
-        capture_output=True,
-        timeout=120,
-        check=False,
     )
     assert result.returncode == 0, result.stderr.decode()
-    letters = [json.loads(line) for line in dead.read_bytes().splitlines()]
-    return output.read_bytes().splitlines(), letters
+    return output.read_bytes().splitlines(), jsonl(dead.read_bytes())
 
 
 def write_rules(directory: Path, generated: Case) -> Path:
