@@ -607,11 +607,11 @@ async def _rules_check_store(url: str, rules: RuleSet) -> int:
 def _note_wide_rules(rules: RuleSet) -> None:
     """Say so when more rules may apply to one event than every store can commit."""
     from handlers.decide import MAX_APPLICABLE_RULES, Decider
-    from stores.dynamo import DynamoStore
+    from stores.base import MAX_TRANSACT_ITEMS
     from streams.engine import max_applicable_rules
 
     widest = Decider(rules, compiled=False).widest()
-    dynamo = max_applicable_rules(DynamoStore.max_records_per_commit)
+    dynamo = max_applicable_rules(MAX_TRANSACT_ITEMS)
     if widest > dynamo:
         out(
             f"note: up to {widest} rules may apply to one event; an event that more than"

@@ -93,6 +93,11 @@ _MALFORMED = (
 
 DAY = 86_400
 
+MAX_TRANSACT_ITEMS: Final = 100
+"""DynamoDB's limit of actions in one ``TransactWriteItems``: the DynamoDB store's
+``max_records_per_commit``, here so that ``rules check`` can name it without importing
+the AWS SDK (half a second)."""
+
 KEEP_ATTEMPTS: Final = 8
 """Tries at keeping new rule meanings beyond one per meaning, for write conflicts with
 other starts (``Store.keep_rules``)."""

@@ -52,6 +52,7 @@ from limitflow.errors import (
 )
 from schemas.events import EventType
 from stores.base import (
+    MAX_TRANSACT_ITEMS,
     RETENTION_PARAMS,
     DamagedRecord,
     Expected,
@@ -67,8 +68,6 @@ log = logging.getLogger("limitflow.stores.dynamo")
 Item = dict[str, dict[str, Any]]
 """An item in DynamoDB's wire format: ``{"name": {"S": "…"}}``."""
 
-MAX_TRANSACT_ITEMS = 100
-"""DynamoDB's limit of actions in one ``TransactWriteItems``."""
 MAX_BATCH_GET_KEYS = 100
 """DynamoDB's limit of keys in one ``BatchGetItem``."""
 _UNPROCESSED_RETRIES = 8
