@@ -9,11 +9,12 @@ and KWD amounts, limits of 0, exact-at-limit, scope lists, ``match``, reversals 
 outcome, resends reformatted or changed, invalid lines). ``tests/unit/test_oracle.py``
 runs the product on them and compares.
 
-The verdict's ``limits`` explanation, which the contract leaves to limitflow, came later
-and from the other side: the README's *Verdicts* was written from the code, and the
-model checks that the code keeps to it. Deliberately left out: the verdict's ``amount``,
-``currency``, ``occurred_at`` and ``rules_version``, ``--dry-run``, and the contract's
-open choices, which the generator avoids rather than the model guessing them: a reversal
-in another currency than its original's, or with more fraction digits than the
-original's currency has.
+The verdict's ``limits`` explanation, and its ``occurred_at``, ``amount``, ``currency``
+and ``original_event_id``, which the contract leaves to limitflow, came later and from
+the other side: the README's *Verdicts* was written from the code, and the model checks
+that the code keeps to it (``rules_version`` is checked against ``limitflow rules
+check``, and ``--dry-run`` against a replay, in ``test_oracle``). Deliberately left
+out: the contract's open choices, which the generator avoids rather than the model
+guessing them: a reversal in another currency than its original's, or with more
+fraction digits than the original's currency has.
 """

@@ -273,7 +273,10 @@ class _Generator:
         if original_id != original.event_id:
             # whatever the original turns out to be, whole units are in its currency
             if a >= 0.5:
-                pairs.append(("amount", json.dumps(str(rnd.randint(1, 30)))))
+                n = rnd.randint(1, 30)
+                # a form by the number, not by a draw: the seeds' cases stay as they were
+                forms = (json.dumps(str(n)), json.dumps(f"{n}e1"), f"{n}.0", f"{n}E1")
+                pairs.append(("amount", forms[n % 4]))
         elif a >= 0.5:
             if a < 0.85:
                 units = max(1, original.units // rnd.choice([2, 3, 4, 1]))

@@ -130,7 +130,11 @@ class Verdict:
     decision: str
     reason: str | None
     violations: list[Violation]
-    limits: list[Limit] = field(default_factory=list)
+    limits: list[Limit]
+    occurred_at: str  # as sent
+    amount: str | None  # README, *Verdicts*: see ``shown``
+    currency: str | None
+    original_event_id: str | None
     seq: int = 0
 
 
@@ -213,6 +217,14 @@ def units_of(amount: Decimal, currency: str | None) -> int:
     if len(str(int(scaled))) > 15:
         raise Invalid("more than 15 digits in minor units")
     return int(scaled)
+
+
+def shown(amount: Decimal | None, currency: str | None) -> str | None:
+    """A verdict's ``amount`` (README, *Verdicts*): in the currency's digits when one is
+    known, else as sent, written out without an exponent; null when there is none."""
+    if amount is None:
+        return None
+    return format(amount, "f") if currency is None else f"{amount:.{MINOR[currency]}f}"
 
 
 def parse_amount(value: object) -> Decimal:
@@ -441,21 +453,49 @@ class Model:
             keys=keys if accepted else [],
         )
         decision, reason = ("accept", None) if accepted else ("reject", "limit_exceeded")
+        amount = Decimal(event.units).scaleb(-minor)
+        return self._verdict(event, decision, reason, violations, limits, amount, event.currency)
+
+    @staticmethod
+    def _verdict(
+        event: Event,
+        decision: str,
+        reason: str | None,
+        violations: list[Violation],
+        limits: list[Limit],
+        amount: Decimal | None,
+        currency: str | None,
+    ) -> Verdict:
         return Verdict(
-            event.event_id, event.account_id, "payment", decision, reason, violations, limits
+            event.event_id,
+            event.account_id,
+            event.type,
+            decision,
+            reason,
+            violations,
+            limits,
+            occurred_at=event.fields["occurred_at"],
+            amount=shown(amount, currency),
+            currency=currency,
+            original_event_id=event.original_event_id,
         )
 
     def _reversal(self, event: Event) -> Verdict:
         assert event.original_event_id is not None
         original = self.booked.get(event.original_event_id)
         reason = None
+        # the verdict's amount and currency (README, *Verdicts*): its own where its
+        # original is not found; where it is, the original's currency (unless the
+        # reversal names one and the original was not accepted), and the amount released
+        # or that would have been: the reversal's, or all that is left of the original
+        amount, currency = event.reversal_amount, event.currency
         if original is None or original.account_id != event.account_id:
             reason = "original_not_found"
         elif not original.accepted:
             reason = "original_not_accepted"
-        elif original.left == 0:
-            reason = "already_reversed"
+            currency = currency or original.currency
         else:
+            currency = original.currency
             units = original.left
             if event.reversal_amount is not None:
                 scaled = event.reversal_amount.scaleb(MINOR[original.currency])
@@ -463,7 +503,10 @@ class Model:
                     # an open choice of the contract, which the generator avoids
                     raise AssertionError(f"{event.event_id}: finer than its original")
                 units = int(scaled)
-            if units > original.left:
+            amount = Decimal(units).scaleb(-MINOR[currency])
+            if original.left == 0:
+                reason = "already_reversed"
+            elif units > original.left:
                 reason = "reversal_exceeds_original"
             else:
                 original.left -= units
@@ -480,4 +523,4 @@ class Model:
                 count, used = self.buckets[key]
                 limits.append(self._limit(by_id[key[0]], key[2], count, used))
         decision = "reject" if reason else "accept"
-        return Verdict(event.event_id, event.account_id, "reversal", decision, reason, [], limits)
+        return self._verdict(event, decision, reason, [], limits, amount, currency)

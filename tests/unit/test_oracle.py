@@ -3,8 +3,9 @@
 The model and the generator (``tests/oracle``) were written from the contract, not from
 limitflow's code. Each case is replayed as a user runs it, ``python -m limitflow replay``
 in a subprocess, and every line is checked against the model: the dead letter (line,
-error, raw) or the verdict (ids, type, decision, reason, seq, violations and limits in
-order), a resend's verdict byte for byte the original's.
+error, raw) or the verdict (ids, type, decision, reason, seq, occurred_at, amount,
+currency, violations and limits in order; its rules_version against ``limitflow rules
+check``), a resend's verdict byte for byte the original's.
 
 The fixed seeds make CI check the same ground on every run (a test keeps them reaching
 every outcome); one fresh seed per run widens it. A failure names its seed, and
@@ -13,9 +14,12 @@ every outcome); one fresh seed per run widens it. A failure names its seed, and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
+import sqlite3
 from collections.abc import Callable
 from dataclasses import astuple
 from decimal import Decimal
@@ -48,6 +52,10 @@ SPLIT_SEED = 362
 # expire, on the wall clock, state the model still holds.
 RETENTION = "bucket_retention_days=36500&event_retention_days=36500"
 SHOWN = 5  # differences a failure lists: after the first, most follow from it
+COMPARED = (  # a verdict's fields compared as they are; its lists and version apart
+    *("event_id", "account_id", "type", "decision", "reason", "seq", "occurred_at"),
+    *("amount", "currency", "original_event_id"),
+)
 
 
 def seeds() -> list[Any]:
@@ -59,14 +67,14 @@ def seeds() -> list[Any]:
 
 
 def replay(
-    directory: Path, rules: Path, lines: list[str], store: str
+    directory: Path, rules: Path, lines: list[str], store: str, *options: str
 ) -> tuple[list[bytes], list[dict[str, Any]]]:
     """Replays ``lines`` into ``store``: the verdict lines as written, the dead letters."""
     directory.mkdir(parents=True, exist_ok=True)
     source = write(directory / "in.jsonl", lines)
     output, dead = directory / "out.jsonl", directory / "dead.jsonl"
     result = limitflow(
-        *("replay", "--rules", str(rules), "--input", str(source)),
+        *("replay", "--rules", str(rules), "--input", str(source), *options),
         *("--output", str(output), "--dead-letter", str(dead), "--store", store),
         cwd=directory,
     )
@@ -74,10 +82,16 @@ def replay(
     return output.read_bytes().splitlines(), jsonl(dead.read_bytes())
 
 
-def write_rules(directory: Path, generated: Case) -> Path:
+def write_rules(directory: Path, generated: Case) -> tuple[Path, str]:
+    """The case's rules file, and its version as ``limitflow rules check`` gives it (what
+    every verdict must name as its ``rules_version``)."""
     path = directory / "rules.yaml"
     path.write_text(generated.rules_text(), encoding="utf-8")
-    return path
+    checked = limitflow("rules", "check", str(path), cwd=directory)
+    assert checked.returncode == 0, checked.stderr.decode()
+    found = re.search(rb", version ([0-9a-f]+),", checked.stdout)
+    assert found is not None, checked.stdout.decode()
+    return path, found[1].decode()
 
 
 def violation(v: Violation | dict[str, Any]) -> tuple[str, str, str, Decimal, Decimal]:
@@ -118,7 +132,11 @@ def outcome_text(outcome: Outcome) -> str:
 
 
 def differences(
-    seed: int, generated: Case, verdicts: list[bytes], letters: list[dict[str, Any]]
+    seed: int,
+    generated: Case,
+    verdicts: list[bytes],
+    letters: list[dict[str, Any]],
+    version: str,
 ) -> list[str]:
     """Where the product's outputs and the model differ: one entry per line, naming the
     line, its event and what each gave."""
@@ -161,7 +179,7 @@ def differences(
                 f"{where}model: {outcome_text(expected)}, product: {verdict_text(json.loads(raw))}"
             )
             continue
-        if wrong := verdict_differences(expected, raw, first):
+        if wrong := verdict_differences(expected, raw, first, version):
             found.append(where + "\n    ".join(wrong))
     found += [f"line {n}: a dead letter for a line the model did not see" for n in letter_at]
     if taken < len(verdicts):
@@ -169,7 +187,9 @@ def differences(
     return found
 
 
-def verdict_differences(expected: Decided, raw: bytes, first: dict[str, bytes]) -> list[str]:
+def verdict_differences(
+    expected: Decided, raw: bytes, first: dict[str, bytes], version: str
+) -> list[str]:
     want = expected.verdict
     if expected.duplicate:
         if raw == first.get(want.event_id):
@@ -183,9 +203,11 @@ def verdict_differences(expected: Decided, raw: bytes, first: dict[str, bytes]) 
     got = json.loads(raw)
     found = [
         f"{want.event_id}: {name}: model {getattr(want, name)!r}, product {got.get(name)!r}"
-        for name in ("event_id", "account_id", "type", "decision", "reason", "seq")
+        for name in COMPARED
         if got.get(name) != getattr(want, name)
     ]
+    if got.get("rules_version") != version:
+        found.append(f"{want.event_id}: rules_version {got.get('rules_version')!r}, not {version}")
     lists: tuple[tuple[str, Callable[[Any], tuple[object, ...]]], ...] = (
         ("violations", violation),
         ("limits", limit),
@@ -213,19 +235,21 @@ def report(seed: int, found: list[str], lines: int) -> str:
 @pytest.mark.parametrize("seed", seeds())
 def test_replay_decides_as_the_model(tmp_path: Path, seed: int) -> None:
     generated = case(seed)
-    rules = write_rules(tmp_path, generated)
+    rules, version = write_rules(tmp_path, generated)
     store = f"memory://?{RETENTION}"
     verdicts, letters = replay(tmp_path / "run", rules, generated.lines, store)
-    found = differences(seed, generated, verdicts, letters)
+    found = differences(seed, generated, verdicts, letters, version)
     if found:
         pytest.fail(report(seed, found, len(generated.lines)), pytrace=False)
 
 
 def test_a_replay_split_in_two_on_sqlite_continues_as_one(tmp_path: Path) -> None:
     """The second replay on the same sqlite file finds the first's buckets, resends and
-    sequences: together they write what one replay of the whole file writes."""
+    sequences: together they write what one replay of the whole file writes. A dry run of
+    the second half in between writes what the second replay then writes, and leaves
+    the store as it was."""
     generated = case(SPLIT_SEED)
-    rules = write_rules(tmp_path, generated)
+    rules, _ = write_rules(tmp_path, generated)
     # the second half of this case resends (2), conflicts with (1) and reverses (4) events
     # of the first: each needs the first replay's state
     cut = len(generated.lines) // 2
@@ -234,11 +258,24 @@ def test_a_replay_split_in_two_on_sqlite_continues_as_one(tmp_path: Path) -> Non
     )
     store = f"sqlite:///{tmp_path / 'state.db'}?{RETENTION}"
     first, first_letters = replay(tmp_path / "first", rules, generated.lines[:cut], store)
-    second, second_letters = replay(tmp_path / "second", rules, generated.lines[cut:], store)
+    kept = dump(tmp_path / "state.db")
+    # in batches of 7, where the working state of one batch is gone by the next: a later
+    # batch sees what an earlier one decided only through the store (the dry run's own)
+    rest, small = generated.lines[cut:], ("--batch-size", "7")
+    dry = replay(tmp_path / "dry", rules, rest, store, *small, "--dry-run")
+    assert dump(tmp_path / "state.db") == kept, "the dry run changed the store"
+    second, second_letters = replay(tmp_path / "second", rules, rest, store, *small)
+    assert dry == (second, second_letters), f"seed {SPLIT_SEED}: dry run and replay differ"
     for letter in second_letters:
         letter["source"]["line"] += cut
     assert first + second == whole, f"seed {SPLIT_SEED}, cut after line {cut}"
     assert first_letters + second_letters == whole_letters, f"seed {SPLIT_SEED}, cut {cut}"
+
+
+def dump(path: Path) -> list[str]:
+    """Everything a sqlite store holds, as SQL."""
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        return list(connection.iterdump())
 
 
 def outcomes(seed: int) -> set[str]:
