@@ -37,6 +37,7 @@ from aiokafka.admin import (  # type: ignore[import-untyped]
 from benchmarks.generate import events as generated_events
 from tests.faust_worker import faust_worker
 from tests.integration.test_kafka_run import (
+    ORACLE_SEED,
     Setup,
     _rows,
     check_against_replay,
@@ -44,7 +45,14 @@ from tests.integration.test_kafka_run import (
     make_events,
 )
 from tests.integration.test_kafka_run import produce as produce_keyed
+from tests.oracle.generate import case as oracle_case
+from tests.oracle.model import DeadLetter as OracleDeadLetter
+from tests.oracle.model import Model as OracleModel
 from tests.servers import KafkaBroker, free_port, kafka_broker
+from tests.unit.test_oracle import RETENTION as ORACLE_RETENTION
+from tests.unit.test_oracle import differences as oracle_differences
+from tests.unit.test_oracle import report as oracle_report
+from tests.unit.test_oracle import write_rules as oracle_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -306,6 +314,34 @@ async def test_verdicts_equal_replay_and_topic_replay_repeats_them(
         assert again.stop() == 0, (tmp_path / "w2.log").read_text()[-3000:]
     assert sorted(value for _, value, _ in out2) == sorted(expected * 2)
     assert len(letters2) == 2 * len(expected_dead)
+
+
+async def test_an_oracle_case_is_decided_as_the_model_says(
+    kafka: KafkaBroker, topics: Topics, tmp_path: Path
+) -> None:
+    """The oracle case that ``run`` is checked on (``test_kafka_run``), through the faust
+    app in batches of 9: each record's verdict or dead letter as the reference model
+    says, and no verdict twice."""
+    generated = oracle_case(ORACLE_SEED)
+    rules, version = oracle_rules(tmp_path, generated)
+    sent = [(n, line) for n, line in enumerate(generated.lines, 1) if line.strip(" \t\r")]
+    model = OracleModel(generated.rules)
+    n_dead = sum(isinstance(model.process(line), OracleDeadLetter) for _, line in sent)
+    await produce(kafka, topics.input, [line.encode() for _, line in sent])
+    store = f"sqlite:///{tmp_path / 'faust.db'}?{ORACLE_RETENTION}"
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    worker = Worker(kafka, topics, store, group, tmp_path / "w.log", "9", rules=str(rules))
+    try:
+        out, letters = await read_until(kafka, topics, len(sent) - n_dead, n_dead, worker, 120)
+    finally:
+        assert worker.stop() == 0, (tmp_path / "w.log").read_text()[-3000:]
+    # the input's one partition: the record at offset k is line sent[k]
+    by_offset = {int(headers["source"].rsplit(b":", 1)[1]): value for _, value, headers in out}
+    for letter in letters:
+        letter["source"] = {"line": sent[letter["source"]["offset"]][0]}  # type: ignore[index]
+    decided = [by_offset[offset] for offset in sorted(by_offset)]
+    found = oracle_differences(ORACLE_SEED, generated, decided, letters, version)
+    assert not found, oracle_report(ORACLE_SEED, found, len(generated.lines))
 
 
 async def test_kill_9_mid_stream_then_restart_loses_and_double_counts_nothing(

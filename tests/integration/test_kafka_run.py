@@ -39,13 +39,21 @@ from aiokafka.protocol.group import LeaveGroupRequest  # type: ignore[import-unt
 from handlers.state import Keys
 from stores import open_store
 from stores.verdict_codec import VerdictCodec, unpack_verdict
+from tests.oracle.generate import case as oracle_case
+from tests.oracle.model import DeadLetter as OracleDeadLetter
+from tests.oracle.model import Model as OracleModel
 from tests.servers import kafka_broker
+from tests.unit.test_oracle import RETENTION as ORACLE_RETENTION
+from tests.unit.test_oracle import differences as oracle_differences
+from tests.unit.test_oracle import report as oracle_report
+from tests.unit.test_oracle import write_rules as oracle_rules
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = str(REPO / "examples" / "rules.yaml")
 PARTITIONS = 4
+ORACLE_SEED = 256  # one of test_oracle's fixed seeds, with reversals of every outcome
 
 # -- brokers --------------------------------------------------------------------------
 
@@ -213,6 +221,7 @@ class Setup:
         store: str | None = None,
         env: dict[str, str] | None = None,
         module: str = "limitflow",
+        rules: str = RULES,
     ) -> subprocess.Popen[bytes]:
         """``limitflow run`` on this set-up (``module``: ``python -m`` what, and its
         first arguments: a script that runs it with a fault injected)."""
@@ -222,7 +231,7 @@ class Setup:
                 "run",
                 *self.topic_args(),
                 "--rules",
-                RULES,
+                rules,
                 "--store",
                 store or self.store,
                 "--group-id",
@@ -578,6 +587,44 @@ async def test_verdicts_and_dead_letters_equal_replay(setup: Setup) -> None:
     assert setup.stop(proc) == 0
     logs = [json.loads(x) for x in setup.log(0).splitlines() if x.startswith("{")]
     assert any(x["msg"] == "partitions assigned" for x in logs)
+
+
+async def test_an_oracle_case_through_run_is_decided_as_the_model_says(
+    tansu: Any, tmp_path: Path
+) -> None:
+    """One of the oracle's random cases (``tests/oracle``: DST zones, JPY and KWD amounts,
+    numeric scope values, reversals of every outcome, resends reformatted or changed,
+    invalid lines) sent to a topic of one partition, so that every account's events
+    keep the file's order, and decided by ``run`` in batches of 9: each record's
+    verdict or dead letter as the reference model says."""
+    generated = oracle_case(ORACLE_SEED)
+    s = Setup(tansu.bootstrap_servers, tmp_path, f"oracle-{random.randrange(10**6)}", 1)
+    s.create_topics()
+    rules, version = oracle_rules(tmp_path, generated)
+    sent = [(n, line) for n, line in enumerate(generated.lines, 1) if line.strip(" \t\r")]
+    sources = await produce(s.bootstrap, s.topics[0], [line.encode() for _, line in sent])
+    store = f"sqlite:///{tmp_path / 'store.db'}?{ORACLE_RETENTION}"
+    try:
+        proc = s.run(rules=str(rules), store=store, env={"LIMITFLOW_BATCH_SIZE": "9"})
+        # how many of each to wait for (a product that differs is reported below)
+        model = OracleModel(generated.rules)
+        n_dead = sum(isinstance(model.process(line), OracleDeadLetter) for _, line in sent)
+        verdicts = await read_topic(s.bootstrap, s.topics[1], until=len(sent) - n_dead)
+        dead = await read_topic(s.bootstrap, s.topics[2], until=n_dead, timeout=10)
+        assert s.stop(proc) == 0, s.log(0)
+    finally:
+        s.kill_all()
+    decided: list[bytes] = []
+    letters: list[dict[str, Any]] = []
+    for (number, _), source in zip(sent, sources, strict=True):
+        copies = verdicts.by_source.get(source, []) + dead.by_source.get(source, [])
+        assert copies and len(set(copies)) == 1, f"line {number} ({source}): {copies}"
+        if source in verdicts.by_source:
+            decided.append(copies[0])
+        else:
+            letters.append({**json.loads(copies[0]), "source": {"line": number}})
+    found = oracle_differences(ORACLE_SEED, generated, decided, letters, version)
+    assert not found, oracle_report(ORACLE_SEED, found, len(generated.lines))
 
 
 async def test_kill_9_mid_stream_then_restart_loses_and_double_counts_nothing(setup: Setup) -> None:

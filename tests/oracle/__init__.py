@@ -7,7 +7,9 @@ a file of event lines as the contract says, ``generate`` makes random rules file
 event streams aimed at the edges (DST and odd-offset zones, period boundaries, JPY, CNY
 and KWD amounts, limits of 0, exact-at-limit, scope lists, ``match``, reversals of every
 outcome, resends reformatted or changed, invalid lines). ``tests/unit/test_oracle.py``
-runs the product on them and compares.
+runs the product on them and compares; the store contract runs four of its fixed cases
+on every store, and the integration tests one through ``limitflow run`` and the faust
+app.
 
 The verdict's ``limits`` explanation, and its ``occurred_at``, ``amount``, ``currency``
 and ``original_event_id``, which the contract leaves to limitflow, came later and from
