@@ -597,20 +597,47 @@ async def test_an_oracle_case_through_run_is_decided_as_the_model_says(
     invalid lines) sent to a topic of one partition, so that every account's events
     keep the file's order, and decided by ``run`` in batches of 9: each record's
     verdict or dead letter as the reference model says."""
+    await oracle_case_through_run(tansu.bootstrap_servers, tmp_path)
+
+
+async def test_an_oracle_case_through_run_exactly_once_is_decided_as_the_model_says(
+    noida: Any, tmp_path: Path
+) -> None:
+    """The same on noida, in a Kafka transaction a batch: a ``read_committed`` reader sees
+    the model's verdict or dead letter of each record, once."""
+    await oracle_case_through_run(noida.bootstrap_servers, tmp_path, exactly_once=True)
+
+
+async def oracle_case_through_run(
+    bootstrap: str, tmp_path: Path, *, exactly_once: bool = False
+) -> None:
     generated = oracle_case(ORACLE_SEED)
-    s = Setup(tansu.bootstrap_servers, tmp_path, f"oracle-{random.randrange(10**6)}", 1)
+    s = Setup(bootstrap, tmp_path, f"oracle-{random.randrange(10**6)}", 1)
     s.create_topics()
     rules, version = oracle_rules(tmp_path, generated)
     sent = [(n, line) for n, line in enumerate(generated.lines, 1) if line.strip(" \t\r")]
     sources = await produce(s.bootstrap, s.topics[0], [line.encode() for _, line in sent])
     store = f"sqlite:///{tmp_path / 'store.db'}?{ORACLE_RETENTION}"
+    guarantee = "exactly-once" if exactly_once else "at-least-once"
+    isolation = "read_committed" if exactly_once else "read_uncommitted"
     try:
-        proc = s.run(rules=str(rules), store=store, env={"LIMITFLOW_BATCH_SIZE": "9"})
+        proc = s.run("--guarantee", guarantee, "--batch-size", "9", rules=str(rules), store=store)
         # how many of each to wait for (a product that differs is reported below)
         model = OracleModel(generated.rules)
         n_dead = sum(isinstance(model.process(line), OracleDeadLetter) for _, line in sent)
-        verdicts = await read_topic(s.bootstrap, s.topics[1], until=len(sent) - n_dead)
-        dead = await read_topic(s.bootstrap, s.topics[2], until=n_dead, timeout=10)
+        n_verdicts = len(sent) - n_dead
+        verdicts = await read_topic(
+            s.bootstrap, s.topics[1], isolation=isolation, until=n_verdicts, timeout=30
+        )
+        if exactly_once and len(verdicts.by_source) < n_verdicts:
+            # the noida defect of check_against_replay: a reader that fetched while a
+            # transaction was open may never return later ones; a new reader does
+            verdicts = await read_topic(
+                s.bootstrap, s.topics[1], isolation=isolation, until=n_verdicts
+            )
+        dead = await read_topic(
+            s.bootstrap, s.topics[2], isolation=isolation, until=n_dead, timeout=10
+        )
         assert s.stop(proc) == 0, s.log(0)
     finally:
         s.kill_all()
@@ -619,6 +646,7 @@ async def test_an_oracle_case_through_run_is_decided_as_the_model_says(
     for (number, _), source in zip(sent, sources, strict=True):
         copies = verdicts.by_source.get(source, []) + dead.by_source.get(source, [])
         assert copies and len(set(copies)) == 1, f"line {number} ({source}): {copies}"
+        assert len(copies) == 1 or not exactly_once, f"line {number}: {len(copies)} copies"
         if source in verdicts.by_source:
             decided.append(copies[0])
         else:
