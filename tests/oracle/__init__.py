@@ -11,12 +11,11 @@ runs the product on them and compares; the store contract runs four of its fixed
 on every store, and the integration tests one through ``limitflow run`` and the faust
 app.
 
-The verdict's ``limits`` explanation, and its ``occurred_at``, ``amount``, ``currency``
-and ``original_event_id``, which the contract leaves to limitflow, came later and from
-the other side: the README's *Verdicts* was written from the code, and the model checks
-that the code keeps to it (``rules_version`` is checked against ``limitflow rules
-check``, and ``--dry-run`` against a replay, in ``test_oracle``). Deliberately left
-out: the contract's open choices, which the generator avoids rather than the model
-guessing them: a reversal in another currency than its original's, or with more
-fraction digits than the original's currency has.
+What the contract leaves to limitflow came later and from the other side: the verdict's
+``limits`` explanation, and its ``occurred_at``, ``amount``, ``currency`` and
+``original_event_id`` (README, *Verdicts*), and a reversal in another currency than its
+original's or finer than the original's currency (README, *Reversals*). The README's
+words there were written from the code, and the model checks that the code keeps to
+them (``rules_version`` is checked against ``limitflow rules check``, and
+``--dry-run`` against a replay, in ``test_oracle``).
 """

@@ -36,6 +36,9 @@ EARLIEST: Final = datetime(1, 1, 2, tzinfo=UTC)  # the README's range of instant
 LATEST: Final = datetime(9999, 12, 31, tzinfo=UTC)
 FORMATS: Final = {"minute": "%Y-%m-%dT%H:%M", "hour": "%Y-%m-%dT%H", "day": "%Y-%m-%d"}
 
+NOT_ITS_CURRENCY: Final = "reversal: currency not its original's"
+FINER_THAN_ITS_ORIGINAL: Final = "reversal: amount finer than its original's currency"
+
 Canon = tuple[str, str]
 BucketKey = tuple[str, tuple[Canon, ...], str]
 
@@ -227,6 +230,14 @@ def shown(amount: Decimal | None, currency: str | None) -> str | None:
     return format(amount, "f") if currency is None else f"{amount:.{MINOR[currency]}f}"
 
 
+def _fitting(amount: Decimal, currency: str) -> int:
+    """A reversal's ``amount`` in its original's ``currency``; ``Invalid`` when finer."""
+    try:
+        return units_of(amount, currency)
+    except Invalid:
+        raise Invalid(FINER_THAN_ITS_ORIGINAL) from None
+
+
 def parse_amount(value: object) -> Decimal:
     """A decimal string (JSON blanks around it allowed) or a JSON number, > 0."""
     if isinstance(value, str):
@@ -367,7 +378,10 @@ class Model:
             if payload == event.payload:
                 return Decided(verdict, duplicate=True)
             return DeadLetter("idempotency_conflict", "another payload under a seen event_id")
-        verdict = self._payment(event) if event.type == "payment" else self._reversal(event)
+        try:
+            verdict = self._payment(event) if event.type == "payment" else self._reversal(event)
+        except Invalid as e:  # a reversal that does not fit its original: nothing changed
+            return DeadLetter("invalid_event", str(e))
         verdict.seq = self.seqs[event.account_id] = self.seqs.get(event.account_id, 0) + 1
         self.seen[event.event_id] = (event.payload, verdict)
         return Decided(verdict, duplicate=False)
@@ -494,15 +508,16 @@ class Model:
         elif not original.accepted:
             reason = "original_not_accepted"
             currency = currency or original.currency
+            if event.reversal_amount is not None:  # README, *Reversals*
+                _fitting(event.reversal_amount, currency)
         else:
+            # README, *Reversals*: checked before anything else, whatever is left
+            if event.currency is not None and event.currency != original.currency:
+                raise Invalid(NOT_ITS_CURRENCY)
             currency = original.currency
             units = original.left
             if event.reversal_amount is not None:
-                scaled = event.reversal_amount.scaleb(MINOR[original.currency])
-                if scaled != scaled.to_integral_value():
-                    # an open choice of the contract, which the generator avoids
-                    raise AssertionError(f"{event.event_id}: finer than its original")
-                units = int(scaled)
+                units = _fitting(event.reversal_amount, currency)
             amount = Decimal(units).scaleb(-MINOR[currency])
             if original.left == 0:
                 reason = "already_reversed"
