@@ -986,6 +986,7 @@ commit limit from the store's class)."""
 LOADED = (
     "import sys\nfrom limitflow.cli import main\ncode = main(sys.argv[1:])\n"
     "print(*sorted({m.split('.')[0] for m in sys.modules}), file=sys.stderr)\n"
+    "sys.exit(code)\n"
 )
 
 
