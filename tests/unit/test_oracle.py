@@ -5,7 +5,8 @@ limitflow's code. Each case is replayed as a user runs it, ``python -m limitflow
 in a subprocess, and every line is checked against the model: the dead letter (line,
 error, raw) or the verdict (ids, type, decision, reason, seq, occurred_at, amount,
 currency, violations and limits in order; its rules_version against ``limitflow rules
-check``), a resend's verdict byte for byte the original's.
+check``), a resend's verdict byte for byte the original's. Two cases are also replayed
+in Python alone, as installed without a C compiler.
 
 The fixed seeds make CI check the same ground on every run (a test keeps them reaching
 every outcome); one fresh seed per run widens it. A failure names its seed, and
@@ -20,6 +21,8 @@ import os
 import re
 import secrets
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import astuple
 from decimal import Decimal
@@ -272,6 +275,59 @@ def test_a_replay_split_in_two_on_sqlite_continues_as_one(tmp_path: Path) -> Non
         letter["source"]["line"] += cut
     assert first + second == whole, f"seed {SPLIT_SEED}, cut after line {cut}"
     assert first_letters + second_letters == whole_letters, f"seed {SPLIT_SEED}, cut {cut}"
+
+
+ROOT = Path(__file__).resolve().parents[2]
+EXTENSIONS = sorted(
+    ".".join(p.relative_to(ROOT).with_suffix("").parts) for p in ROOT.glob("*/_*.pyx")
+)
+"""The compiled twins (``setup.py``), which an install without a C compiler goes without."""
+WITHOUT_EXTENSIONS = f"""
+import sys
+BLOCKED = {set(EXTENSIONS)!r}
+class NoExtensions:
+    def find_spec(self, name, path=None, target=None):
+        if name in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (as without a C compiler)")
+sys.meta_path.insert(0, NoExtensions())
+from limitflow.cli import main
+code = main(sys.argv[1:])
+print("compiled:", *sorted(BLOCKED & set(sys.modules)), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize(("seed", "kind"), [(87, "memory"), (256, "sqlite")])
+def test_without_the_compiled_extensions_replay_decides_as_the_model(
+    tmp_path: Path, seed: int, kind: str
+) -> None:
+    """A replay in Python alone, as installed without a C compiler (each compiled twin
+    refused at import): the model's outcomes, and the bytes of a compiled replay."""
+    assert len(EXTENSIONS) >= 7, EXTENSIONS  # the glob found them
+    generated = case(seed)
+    rules, version = write_rules(tmp_path, generated)
+    stores = {"memory": "memory://?", "sqlite": f"sqlite:///{tmp_path}/{{}}.db?"}
+    source = write(tmp_path / "in.jsonl", generated.lines)
+    out, dead = tmp_path / "out.jsonl", tmp_path / "dead.jsonl"
+    argv = ["replay", "--rules", str(rules), "--input", str(source), "--output", str(out)]
+    argv += ["--dead-letter", str(dead), "--store", stores[kind].format("pure") + RETENTION]
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTENSIONS, *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stderr.decode().splitlines()[-1] == "compiled:"  # none was loaded
+    verdicts, letters = out.read_bytes().splitlines(), jsonl(dead.read_bytes())
+    found = differences(seed, generated, verdicts, letters, version)
+    if found:
+        pytest.fail(report(seed, found, len(generated.lines)), pytrace=False)
+    compiled = replay(
+        tmp_path / "compiled", rules, generated.lines, stores[kind].format("c") + RETENTION
+    )
+    assert (verdicts, letters) == compiled
 
 
 def dump(path: Path) -> list[str]:
