@@ -29,6 +29,7 @@ from streams.engine import Engine, Record
 from tests.oracle.generate import case as oracle_case
 from tests.unit.test_oracle import RETENTION as ORACLE_RETENTION
 from tests.unit.test_oracle import differences as oracle_differences
+from tests.unit.test_oracle import nonblank as oracle_nonblank
 from tests.unit.test_oracle import report as oracle_report
 from tests.unit.test_oracle import unreached as oracle_unreached
 
@@ -147,11 +148,7 @@ async def test_the_oracle_cases_are_decided_as_the_model_says(
     rules = load_rules(str(rules_path))
     engine = Engine(Decider(rules), store := await opened(with_retention(store_url)))
     try:
-        records = [
-            Record(line.encode(), {"line": n})
-            for n, line in enumerate(generated.lines, 1)
-            if line.strip(" \t\r")  # a blank line reaches no output (``limitflow replay``)
-        ]
+        records = [Record(line.encode(), {"line": n}) for n, line in oracle_nonblank(generated)]
         verdicts: list[bytes] = []
         letters: list[dict[str, Any]] = []
         for start in range(0, len(records), 9):

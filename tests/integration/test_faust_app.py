@@ -46,11 +46,11 @@ from tests.integration.test_kafka_run import (
 )
 from tests.integration.test_kafka_run import produce as produce_keyed
 from tests.oracle.generate import case as oracle_case
-from tests.oracle.model import DeadLetter as OracleDeadLetter
-from tests.oracle.model import Model as OracleModel
 from tests.servers import KafkaBroker, free_port, kafka_broker
 from tests.unit.test_oracle import RETENTION as ORACLE_RETENTION
+from tests.unit.test_oracle import dead_letters_of as oracle_dead_letters
 from tests.unit.test_oracle import differences as oracle_differences
+from tests.unit.test_oracle import nonblank as oracle_nonblank
 from tests.unit.test_oracle import report as oracle_report
 from tests.unit.test_oracle import write_rules as oracle_rules
 
@@ -324,9 +324,8 @@ async def test_an_oracle_case_is_decided_as_the_model_says(
     says, and no verdict twice."""
     generated = oracle_case(ORACLE_SEED)
     rules, version = oracle_rules(tmp_path, generated)
-    sent = [(n, line) for n, line in enumerate(generated.lines, 1) if line.strip(" \t\r")]
-    model = OracleModel(generated.rules)
-    n_dead = sum(isinstance(model.process(line), OracleDeadLetter) for _, line in sent)
+    sent = oracle_nonblank(generated)
+    n_dead = oracle_dead_letters(generated)
     await produce(kafka, topics.input, [line.encode() for _, line in sent])
     store = f"sqlite:///{tmp_path / 'faust.db'}?{ORACLE_RETENTION}"
     group = f"g-{uuid.uuid4().hex[:6]}"

@@ -40,11 +40,11 @@ from handlers.state import Keys
 from stores import open_store
 from stores.verdict_codec import VerdictCodec, unpack_verdict
 from tests.oracle.generate import case as oracle_case
-from tests.oracle.model import DeadLetter as OracleDeadLetter
-from tests.oracle.model import Model as OracleModel
 from tests.servers import kafka_broker
 from tests.unit.test_oracle import RETENTION as ORACLE_RETENTION
+from tests.unit.test_oracle import dead_letters_of as oracle_dead_letters
 from tests.unit.test_oracle import differences as oracle_differences
+from tests.unit.test_oracle import nonblank as oracle_nonblank
 from tests.unit.test_oracle import report as oracle_report
 from tests.unit.test_oracle import write_rules as oracle_rules
 
@@ -615,7 +615,7 @@ async def oracle_case_through_run(
     s = Setup(bootstrap, tmp_path, f"oracle-{random.randrange(10**6)}", 1)
     s.create_topics()
     rules, version = oracle_rules(tmp_path, generated)
-    sent = [(n, line) for n, line in enumerate(generated.lines, 1) if line.strip(" \t\r")]
+    sent = oracle_nonblank(generated)
     sources = await produce(s.bootstrap, s.topics[0], [line.encode() for _, line in sent])
     store = f"sqlite:///{tmp_path / 'store.db'}?{ORACLE_RETENTION}"
     guarantee = "exactly-once" if exactly_once else "at-least-once"
@@ -623,8 +623,7 @@ async def oracle_case_through_run(
     try:
         proc = s.run("--guarantee", guarantee, "--batch-size", "9", rules=str(rules), store=store)
         # how many of each to wait for (a product that differs is reported below)
-        model = OracleModel(generated.rules)
-        n_dead = sum(isinstance(model.process(line), OracleDeadLetter) for _, line in sent)
+        n_dead = oracle_dead_letters(generated)
         n_verdicts = len(sent) - n_dead
         verdicts = await read_topic(
             s.bootstrap, s.topics[1], isolation=isolation, until=n_verdicts, timeout=30

@@ -99,6 +99,18 @@ def write_rules(directory: Path, generated: Case) -> tuple[Path, str]:
     return path, found[1].decode()
 
 
+def nonblank(generated: Case) -> list[tuple[int, str]]:
+    """The case's lines that reach an output, with their numbers: what a runtime is sent
+    as records (a blank line reaches neither output of ``limitflow replay``)."""
+    return [(n, line) for n, line in enumerate(generated.lines, 1) if line.strip(" \t\r")]
+
+
+def dead_letters_of(generated: Case) -> int:
+    """How many of the case's lines the model dead-letters."""
+    model = Model(generated.rules)
+    return sum(isinstance(model.process(line), DeadLetter) for line in generated.lines)
+
+
 def violation(v: Violation | dict[str, Any]) -> tuple[str, str, str, Decimal, Decimal]:
     """A violation of the model or of a verdict, its limit and used as numbers."""
     if isinstance(v, dict):
