@@ -63,6 +63,26 @@ COMPARED = (  # a verdict's fields compared as they are; its lists and version a
 )
 
 
+ROOT = Path(__file__).resolve().parents[2]
+EXTENSIONS = sorted(
+    ".".join(p.relative_to(ROOT).with_suffix("").parts) for p in ROOT.glob("*/_*.pyx")
+)
+"""The compiled twins (``setup.py``), which an install without a C compiler goes without."""
+WITHOUT_EXTENSIONS = f"""
+import sys
+BLOCKED = {set(EXTENSIONS)!r}
+class NoExtensions:
+    def find_spec(self, name, path=None, target=None):
+        if name in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (as without a C compiler)")
+sys.meta_path.insert(0, NoExtensions())
+from limitflow.cli import main
+code = main(sys.argv[1:])
+print("compiled:", *sorted(BLOCKED & set(sys.modules)), file=sys.stderr)
+sys.exit(code)
+"""
+
+
 def seeds() -> list[Any]:
     if ASKED:
         return [pytest.param(int(ASKED), id=f"seed={ASKED}")]
@@ -72,18 +92,28 @@ def seeds() -> list[Any]:
 
 
 def replay(
-    directory: Path, rules: Path, lines: list[str], store: str, *options: str
+    directory: Path,
+    rules: Path,
+    lines: list[str],
+    store: str,
+    *options: str,
+    compiled: bool = True,
 ) -> tuple[list[bytes], list[dict[str, Any]]]:
-    """Replays ``lines`` into ``store``: the verdict lines as written, the dead letters."""
+    """Replays ``lines`` into ``store``: the verdict lines as written, the dead letters.
+    ``compiled=False``: in Python alone, as installed without a C compiler."""
     directory.mkdir(parents=True, exist_ok=True)
     source = write(directory / "in.jsonl", lines)
     output, dead = directory / "out.jsonl", directory / "dead.jsonl"
-    result = limitflow(
-        *("replay", "--rules", str(rules), "--input", str(source), *options),
-        *("--output", str(output), "--dead-letter", str(dead), "--store", store),
-        cwd=directory,
-    )
+    argv = ["replay", "--rules", str(rules), "--input", str(source), *options]
+    argv += ["--output", str(output), "--dead-letter", str(dead), "--store", store]
+    if compiled:
+        result = limitflow(*argv, cwd=directory)
+    else:
+        command = [sys.executable, "-c", WITHOUT_EXTENSIONS, *argv]
+        result = subprocess.run(command, cwd=directory, capture_output=True, timeout=120)
     assert result.returncode == 0, result.stderr.decode()
+    if not compiled:
+        assert result.stderr.decode().splitlines()[-1] == "compiled:"  # none was loaded
     return output.read_bytes().splitlines(), jsonl(dead.read_bytes())
 
 
@@ -289,26 +319,6 @@ def test_a_replay_split_in_two_on_sqlite_continues_as_one(tmp_path: Path) -> Non
     assert first_letters + second_letters == whole_letters, f"seed {SPLIT_SEED}, cut {cut}"
 
 
-ROOT = Path(__file__).resolve().parents[2]
-EXTENSIONS = sorted(
-    ".".join(p.relative_to(ROOT).with_suffix("").parts) for p in ROOT.glob("*/_*.pyx")
-)
-"""The compiled twins (``setup.py``), which an install without a C compiler goes without."""
-WITHOUT_EXTENSIONS = f"""
-import sys
-BLOCKED = {set(EXTENSIONS)!r}
-class NoExtensions:
-    def find_spec(self, name, path=None, target=None):
-        if name in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {{name!r}} (as without a C compiler)")
-sys.meta_path.insert(0, NoExtensions())
-from limitflow.cli import main
-code = main(sys.argv[1:])
-print("compiled:", *sorted(BLOCKED & set(sys.modules)), file=sys.stderr)
-sys.exit(code)
-"""
-
-
 @pytest.mark.parametrize(("seed", "kind"), [(87, "memory"), (256, "sqlite")])
 def test_without_the_compiled_extensions_replay_decides_as_the_model(
     tmp_path: Path, seed: int, kind: str
@@ -318,27 +328,13 @@ def test_without_the_compiled_extensions_replay_decides_as_the_model(
     assert len(EXTENSIONS) >= 7, EXTENSIONS  # the glob found them
     generated = case(seed)
     rules, version = write_rules(tmp_path, generated)
-    stores = {"memory": "memory://?", "sqlite": f"sqlite:///{tmp_path}/{{}}.db?"}
-    source = write(tmp_path / "in.jsonl", generated.lines)
-    out, dead = tmp_path / "out.jsonl", tmp_path / "dead.jsonl"
-    argv = ["replay", "--rules", str(rules), "--input", str(source), "--output", str(out)]
-    argv += ["--dead-letter", str(dead), "--store", stores[kind].format("pure") + RETENTION]
-    result = subprocess.run(
-        [sys.executable, "-c", WITHOUT_EXTENSIONS, *argv],
-        cwd=tmp_path,
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr.decode()
-    assert result.stderr.decode().splitlines()[-1] == "compiled:"  # none was loaded
-    verdicts, letters = out.read_bytes().splitlines(), jsonl(dead.read_bytes())
+    store = {"memory": "memory://?", "sqlite": f"sqlite:///{tmp_path}/{{}}.db?"}[kind]
+    pure = store.format("pure") + RETENTION
+    verdicts, letters = replay(tmp_path / "pure", rules, generated.lines, pure, compiled=False)
     found = differences(seed, generated, verdicts, letters, version)
     if found:
         pytest.fail(report(seed, found, len(generated.lines)), pytrace=False)
-    compiled = replay(
-        tmp_path / "compiled", rules, generated.lines, stores[kind].format("c") + RETENTION
-    )
+    compiled = replay(tmp_path / "compiled", rules, generated.lines, store.format("c") + RETENTION)
     assert (verdicts, letters) == compiled
 
 
