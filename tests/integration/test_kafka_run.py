@@ -608,8 +608,16 @@ async def test_an_oracle_case_through_run_exactly_once_is_decided_as_the_model_s
     await oracle_case_through_run(noida.bootstrap_servers, tmp_path, exactly_once=True)
 
 
+async def test_an_oracle_case_through_run_in_python_alone_is_decided_as_the_model_says(
+    tansu: Any, tmp_path: Path
+) -> None:
+    """The same by ``run`` as installed without a C compiler (``tests.without_extensions``:
+    every compiled twin refused at import, Kafka's partitioner among them)."""
+    await oracle_case_through_run(tansu.bootstrap_servers, tmp_path, compiled=False)
+
+
 async def oracle_case_through_run(
-    bootstrap: str, tmp_path: Path, *, exactly_once: bool = False
+    bootstrap: str, tmp_path: Path, *, exactly_once: bool = False, compiled: bool = True
 ) -> None:
     generated = oracle_case(ORACLE_SEED)
     s = Setup(bootstrap, tmp_path, f"oracle-{random.randrange(10**6)}", 1)
@@ -621,7 +629,9 @@ async def oracle_case_through_run(
     guarantee = "exactly-once" if exactly_once else "at-least-once"
     isolation = "read_committed" if exactly_once else "read_uncommitted"
     try:
-        proc = s.run("--guarantee", guarantee, "--batch-size", "9", rules=str(rules), store=store)
+        module = "limitflow" if compiled else "tests.without_extensions"
+        options = ("--guarantee", guarantee, "--batch-size", "9")
+        proc = s.run(*options, rules=str(rules), store=store, module=module)
         # how many of each to wait for (a product that differs is reported below)
         n_dead = oracle_dead_letters(generated)
         n_verdicts = len(sent) - n_dead
@@ -638,6 +648,7 @@ async def oracle_case_through_run(
             s.bootstrap, s.topics[2], isolation=isolation, until=n_dead, timeout=10
         )
         assert s.stop(proc) == 0, s.log(0)
+        assert compiled or s.log(0).splitlines()[-1] == "compiled:", s.log(0)[-2000:]
     finally:
         s.kill_all()
     decided: list[bytes] = []

@@ -45,6 +45,7 @@ from tests.oracle.model import (
     Violation,
 )
 from tests.unit.test_cli import jsonl, limitflow, write
+from tests.without_extensions import EXTENSIONS, ROOT
 
 # Picked from the first 400: together they reach every outcome (a test keeps it so),
 # their violations in the most (zone, window) pairs.
@@ -61,26 +62,6 @@ COMPARED = (  # a verdict's fields compared as they are; its lists and version a
     *("event_id", "account_id", "type", "decision", "reason", "seq", "occurred_at"),
     *("amount", "currency", "original_event_id"),
 )
-
-
-ROOT = Path(__file__).resolve().parents[2]
-EXTENSIONS = sorted(
-    ".".join(p.relative_to(ROOT).with_suffix("").parts) for p in ROOT.glob("*/_*.pyx")
-)
-"""The compiled twins (``setup.py``), which an install without a C compiler goes without."""
-WITHOUT_EXTENSIONS = f"""
-import sys
-BLOCKED = {set(EXTENSIONS)!r}
-class NoExtensions:
-    def find_spec(self, name, path=None, target=None):
-        if name in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {{name!r}} (as without a C compiler)")
-sys.meta_path.insert(0, NoExtensions())
-from limitflow.cli import main
-code = main(sys.argv[1:])
-print("compiled:", *sorted(BLOCKED & set(sys.modules)), file=sys.stderr)
-sys.exit(code)
-"""
 
 
 def seeds() -> list[Any]:
@@ -108,9 +89,10 @@ def replay(
     argv += ["--output", str(output), "--dead-letter", str(dead), "--store", store]
     if compiled:
         result = limitflow(*argv, cwd=directory)
-    else:
-        command = [sys.executable, "-c", WITHOUT_EXTENSIONS, *argv]
-        result = subprocess.run(command, cwd=directory, capture_output=True, timeout=120)
+    else:  # the project's directory on the path, for ``tests``, which is not installed
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        command = [sys.executable, "-m", "tests.without_extensions", *argv]
+        result = subprocess.run(command, cwd=directory, env=env, capture_output=True, timeout=120)
     assert result.returncode == 0, result.stderr.decode()
     if not compiled:
         assert result.stderr.decode().splitlines()[-1] == "compiled:"  # none was loaded
