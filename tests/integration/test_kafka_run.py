@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -451,6 +452,29 @@ async def store_counters(url: str, like: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def read_verdicts(
+    s: Setup, until: int, *, isolation: str, exactly_once: bool, timeout: float
+) -> Seen:
+    """The output topic's records, until ``until`` distinct sources. noida defect: a
+    read_committed reader that fetched while a transaction was open (a killed run's, or
+    a running one's) can take the same producer id's later committed batches for
+    aborted ones and never return them; a reader started afterwards reads them all, so
+    an exactly-once read left short is made once more."""
+    read = functools.partial(
+        read_topic,
+        s.bootstrap,
+        s.topics[1],
+        isolation=isolation,
+        until=until,
+        timeout=timeout,
+        client=s.client,
+    )
+    verdicts = await read()
+    if exactly_once and len(verdicts.by_source) < until:
+        verdicts = await read()
+    return verdicts
+
+
 async def check_against_replay(
     s: Setup,
     lines: list[bytes],
@@ -462,23 +486,11 @@ async def check_against_replay(
 ) -> tuple[Seen, Seen]:
     """The topics hold replay's verdicts and dead letters, one distinct value per input."""
     expected_v, expected_d, replay_store = replay(lines, s.tmp)
-    _, verdict_topic, dead_topic = s.topics
+    dead_topic = s.topics[2]
     n_verdicts = sum(v is not None for v in expected_v)
-    verdicts = await read_topic(
-        s.bootstrap,
-        verdict_topic,
-        isolation=isolation,
-        until=n_verdicts,
-        timeout=timeout,
-        client=s.client,
+    verdicts = await read_verdicts(
+        s, n_verdicts, isolation=isolation, exactly_once=exactly_once, timeout=timeout
     )
-    if exactly_once and len(verdicts.by_source) < n_verdicts:
-        # noida defect: a read_committed reader that fetched while a transaction was open
-        # (the killed run's) can take the same producer id's later committed batches for
-        # aborted ones and never return them. A reader started afterwards reads them all.
-        verdicts = await read_topic(
-            s.bootstrap, verdict_topic, isolation=isolation, until=n_verdicts, timeout=timeout
-        )
     dead = await read_topic(
         s.bootstrap,
         dead_topic,
@@ -634,16 +646,9 @@ async def oracle_case_through_run(
         proc = s.run(*options, rules=str(rules), store=store, module=module)
         # how many of each to wait for (a product that differs is reported below)
         n_dead = oracle_dead_letters(generated)
-        n_verdicts = len(sent) - n_dead
-        verdicts = await read_topic(
-            s.bootstrap, s.topics[1], isolation=isolation, until=n_verdicts, timeout=30
+        verdicts = await read_verdicts(
+            s, len(sent) - n_dead, isolation=isolation, exactly_once=exactly_once, timeout=60
         )
-        if exactly_once and len(verdicts.by_source) < n_verdicts:
-            # the noida defect of check_against_replay: a reader that fetched while a
-            # transaction was open may never return later ones; a new reader does
-            verdicts = await read_topic(
-                s.bootstrap, s.topics[1], isolation=isolation, until=n_verdicts
-            )
         dead = await read_topic(
             s.bootstrap, s.topics[2], isolation=isolation, until=n_dead, timeout=10
         )
