@@ -25,16 +25,35 @@ from stores.dynamo import DynamoStore
 from stores.memory import MemoryStore
 from stores.mongo import MongoStore
 from stores.sqlite import SqliteStore
-from streams.engine import Engine, Record
+from streams.engine import Engine, Record, Result
 from tests.oracle.generate import case as oracle_case
+from tests.oracle.model import EXPIRIES
+from tests.unit.test_oracle import ASKED as ORACLE_ASKED
+from tests.unit.test_oracle import FRESH_SEED as ORACLE_FRESH_SEED
 from tests.unit.test_oracle import RETENTION as ORACLE_RETENTION
 from tests.unit.test_oracle import differences as oracle_differences
+from tests.unit.test_oracle import expiring as oracle_expiring
+from tests.unit.test_oracle import expiry_reached as oracle_expiry_reached
 from tests.unit.test_oracle import nonblank as oracle_nonblank
 from tests.unit.test_oracle import report as oracle_report
 from tests.unit.test_oracle import unreached as oracle_unreached
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ORACLE_SEEDS = (91, 155, 256, 362)  # of test_oracle's fixed seeds: together, every outcome
+EXPIRY_SEEDS = (143, 147)  # each reaches every expiry, on either clock; 8 rules at most
+MOST_RULES = 8  # in a case on a moving clock: see test_the_oracle_cases_expire_as_the_model_says
+
+
+def expiry_seeds() -> list[Any]:
+    """The fixed seeds and a fresh one (of a case with few enough rules), or the one
+    ``LIMITFLOW_ORACLE_SEED`` asks for."""
+    if ORACLE_ASKED:
+        return [pytest.param(int(ORACLE_ASKED), id=f"seed={ORACLE_ASKED}")]
+    fresh = ORACLE_FRESH_SEED
+    while len(oracle_case(fresh).rules) > MOST_RULES:
+        fresh += 1
+    fixed = [pytest.param(seed, id=f"seed={seed}") for seed in EXPIRY_SEEDS]
+    return [*fixed, pytest.param(fresh, id="fresh")]
 
 
 async def opened(url: str, clock: float | None = None) -> Store:
@@ -152,22 +171,81 @@ async def test_the_oracle_cases_are_decided_as_the_model_says(
         verdicts: list[bytes] = []
         letters: list[dict[str, Any]] = []
         for start in range(0, len(records), 9):
-            for result in await engine.process(records[start : start + 9]):
-                if result.kind is OutcomeKind.DEAD_LETTER:
-                    raw = result.record.raw.decode()
-                    error = str(result.error)
-                    letters.append({"source": result.record.source, "error": error, "raw": raw})
-                else:
-                    assert result.verdict is not None
-                    verdicts.append(result.verdict)
+            sort_out(await engine.process(records[start : start + 9]), verdicts, letters)
     finally:
         await store.close()
     found = oracle_differences(seed, generated, verdicts, letters, rules.version)
     assert not found, f"{store_url}: {oracle_report(seed, found, len(generated.lines))}"
 
 
+def sort_out(results: list[Result], verdicts: list[bytes], letters: list[dict[str, Any]]) -> None:
+    """``results`` as ``limitflow replay`` writes them: each verdict's bytes to
+    ``verdicts``, each dead letter to ``letters``."""
+    for result in results:
+        if result.kind is OutcomeKind.DEAD_LETTER:
+            raw = result.record.raw.decode()
+            error, detail = str(result.error), result.detail
+            letters.append(
+                {"source": result.record.source, "error": error, "raw": raw, "detail": detail}
+            )
+        else:
+            assert result.verdict is not None
+            verdicts.append(result.verdict)
+
+
 def test_the_oracle_seeds_reach_every_outcome() -> None:
     assert not oracle_unreached(ORACLE_SEEDS)
+
+
+@pytest.mark.parametrize("seed", expiry_seeds())
+async def test_the_oracle_cases_expire_as_the_model_says(
+    store_url: str, seed: int, tmp_path: Path
+) -> None:
+    """Retention, on random cases: the store's clock moves between batches of 9, by
+    minutes, hours or days, and the retentions are hours to days (``tests.oracle.generate.
+    clock``), so that buckets expire and begin again with late payments, idempotency
+    records expire (a resend is decided again, a reversal finds no original), records
+    outlive their own retention for a bucket they counted in, and reversals find their
+    payment's bucket expired or in a new life. Every line as the model says (README,
+    *State stores*). The embedded stores' clock starts about the case's first event time,
+    so that events come both before and after it; the servers' in 2100, after every
+    event and after today, since their own TTL deletes by the wall clock."""
+    generated = oracle_case(seed)
+    if len(generated.rules) > MOST_RULES:
+        pytest.skip(f"seed {seed}'s case has {len(generated.rules)} rules, over {MOST_RULES}")
+    embedded = store_url.startswith(("memory:", "sqlite:"))
+    plan = oracle_expiring(seed, generated, 9, far=not embedded)
+    rules_path = tmp_path / "rules.yaml"
+    rules_path.write_text(generated.rules_text(), encoding="utf-8")
+    rules = load_rules(str(rules_path))
+    now = [0]  # the store's clock: the batch's time
+    url = store_url + ("&" if "?" in store_url else "?") + plan.clock.query
+    store = open_store(url, clock=lambda: now[0])
+    await store.init()
+    retention = store.retention
+    assert (retention.bucket_seconds, retention.event_seconds) == plan.clock.retention
+    engine = Engine(Decider(rules), store)
+    verdicts: list[bytes] = []
+    letters: list[dict[str, Any]] = []
+    try:
+        for now[0], batch in zip(plan.clock.times, plan.batches, strict=True):
+            records = [Record(line.encode(), {"line": n}) for n, line in batch]
+            sort_out(await engine.process(records), verdicts, letters)
+    finally:
+        await store.close()
+    # the model stores each batch at once: so must the store have (DynamoDB commits at
+    # most 100 records at once, which 9 events of these cases' 8 rules or fewer never
+    # pass); a batch of dead letters and resends alone commits nothing
+    assert engine.stats.commits <= len(plan.batches)
+    found = oracle_differences(seed, generated, verdicts, letters, rules.version, plan)
+    alone = f"LIMITFLOW_ORACLE_SEED={seed} .venv/bin/pytest tests/contract -k expire_as"
+    assert not found, f"{store_url}: {oracle_report(seed, found, len(generated.lines), alone)}"
+
+
+@pytest.mark.parametrize("far", [False, True], ids=["embedded", "servers"])
+def test_the_expiry_seeds_reach_every_expiry(far: bool) -> None:
+    reached = set[str]().union(*(oracle_expiry_reached(s, 9, far=far) for s in EXPIRY_SEEDS))
+    assert reached == EXPIRIES
 
 
 def with_retention(url: str) -> str:

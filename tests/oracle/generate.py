@@ -104,6 +104,47 @@ class Sent:
     units: int | None = None
 
 
+@dataclass(frozen=True)
+class Clock:
+    """A store's clock for a case decided in batches, and the retentions to keep by it."""
+
+    bucket_days: float
+    event_days: float
+    times: list[int]  # epoch s, one per batch, never going back
+
+    @property
+    def retention(self) -> tuple[int, int]:
+        """The retentions in seconds (bucket, event), as ``tests.oracle.model`` takes them."""
+        return int(self.bucket_days * 86_400), int(self.event_days * 86_400)
+
+    @property
+    def query(self) -> str:
+        """The retentions as a store URL gives them."""
+        return f"bucket_retention_days={self.bucket_days}&event_retention_days={self.event_days}"
+
+
+def clock(seed: int, batches: int, start: int) -> Clock:
+    """Retentions of hours to days and a clock for ``batches`` batches from about
+    ``start``: mostly minutes between batches, now and then hours or days, so that buckets
+    and records expire within a case. A function of the seed alone, drawn apart from the
+    case's own draws (which stay as they were)."""
+    rnd = random.Random(f"clock {seed}")
+    bucket_days = rnd.choice((0.25, 0.5, 1, 2))
+    event_days = rnd.choice((0.25, 0.5, 1, 2, 3))
+    now = start - rnd.randint(0, 7_200)
+    times = []
+    for _ in range(batches):
+        times.append(now)
+        r = rnd.random()
+        if r < 0.7:
+            now += rnd.randint(0, 1_200)
+        elif r < 0.9:
+            now += rnd.randint(3_600, 8 * 3_600)
+        else:
+            now += rnd.randint(86_400, 3 * 86_400)
+    return Clock(bucket_days, event_days, times)
+
+
 def case(seed: int, events: int | None = None) -> Case:
     """The case of ``seed``: a rules file and ``events`` lines (by default 100-250)."""
     return _Generator(random.Random(seed)).case(events)

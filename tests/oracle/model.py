@@ -6,6 +6,16 @@ gives one outcome per input line, in input order, as ``limitflow replay`` writes
 Zones are read from the ``tzdata`` package alone (limitflow's choice, stated in its
 README), loaded here by file so that nothing process-wide (``zoneinfo``'s search path)
 changes for the other tests.
+
+Retention (README, *State stores*) is modelled when asked for, ``Model(rules,
+retention=(bucket_seconds, event_seconds))``: the caller then frames each batch a store
+commits at once, ``at(now)`` before its first line and ``commit()`` after its last, on
+the store's clock. Buckets expire ``bucket_seconds`` after the later of their period's
+end (its local end read as UTC, + 24 h) and the writer's clock; idempotency records
+``event_seconds`` after the later of their event time and the writer's clock, but never
+before a bucket the same commit wrote that they counted in (or released from); a record
+stored never to expire stays so. Each life of a bucket is stamped with the clock that began it; a
+reversal releases its payment only from the life it was added to.
 """
 
 from __future__ import annotations
@@ -34,10 +44,23 @@ RFC3339: Final = re.compile(
 DECIMAL_TEXT: Final = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 EARLIEST: Final = datetime(1, 1, 2, tzinfo=UTC)  # the README's range of instants
 LATEST: Final = datetime(9999, 12, 31, tzinfo=UTC)
+LATEST_EXPIRY: Final = 253_402_214_400  # 9999-12-31T00:00:00Z: no record expires later
+EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+END_SLACK: Final = 86_400  # README: a period's local end read as UTC, + 24 h
 FORMATS: Final = {"minute": "%Y-%m-%dT%H:%M", "hour": "%Y-%m-%dT%H", "day": "%Y-%m-%d"}
 
 NOT_ITS_CURRENCY: Final = "reversal: currency not its original's"
 FINER_THAN_ITS_ORIGINAL: Final = "reversal: amount finer than its original's currency"
+
+EXPIRIES: Final = frozenset((
+    "bucket expired",
+    "record kept for its bucket",  # expiring later than its own retention
+    "reversal found its bucket expired",
+    "reversal found its bucket in a new life",
+    "an event decided again, its record expired",
+    "a reversal of an expired record",
+))  # fmt: skip
+"""What retention may do in a case (``Model.reached``), for choosing seeds that do it all."""
 
 Canon = tuple[str, str]
 BucketKey = tuple[str, tuple[Canon, ...], str]
@@ -97,6 +120,27 @@ class Rule:
         if self.window == "year":
             return f"{local.year:04d}"
         return local.strftime(FORMATS[self.window])
+
+    def period_end(self, period: str) -> int | None:
+        """When ``period`` ends for expiry, in epoch s: its local end (the next period's
+        start) read as UTC, + 24 h; None for a lifetime bucket, which never expires."""
+        if self.window == "lifetime":
+            return None
+        # the local wall time of the next period's start, read as UTC
+        if self.window == "week":
+            year, week = period.split("-W")
+            monday = datetime.fromisocalendar(int(year), int(week), 1)
+            end = datetime(monday.year, monday.month, monday.day, tzinfo=UTC) + timedelta(7)
+        elif self.window == "month":
+            y, m = map(int, period.split("-"))
+            end = datetime(y + m // 12, m % 12 + 1, 1, tzinfo=UTC)
+        elif self.window == "year":
+            end = datetime(int(period) + 1, 1, 1, tzinfo=UTC)
+        else:
+            start = datetime.strptime(period, FORMATS[self.window]).replace(tzinfo=UTC)
+            steps = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1)}
+            end = start + steps.get(self.window, timedelta(days=1))
+        return epoch(end) + END_SLACK
 
 
 @dataclass(frozen=True)
@@ -184,6 +228,12 @@ class Booked:
     accepted: bool
     left: int  # minor units not reversed yet
     keys: list[BucketKey] = field(default_factory=list)
+    born: list[int] = field(default_factory=list)  # the life of each bucket it was added to
+
+
+def epoch(instant: datetime) -> int:
+    """``instant`` in whole seconds since 1970 (floor)."""
+    return (instant - EPOCH) // timedelta(seconds=1)
 
 
 def canon(value: object) -> Canon:
@@ -350,12 +400,75 @@ def parse_event(doc: dict[str, Any]) -> Event:
 class Model:
     """The state of one replay (or of several in turn on one durable store)."""
 
-    def __init__(self, rules: list[dict[str, Any]]) -> None:
+    def __init__(
+        self, rules: list[dict[str, Any]], retention: tuple[int, int] | None = None
+    ) -> None:
         self.rules = [Rule.from_doc(doc) for doc in rules]
+        self.by_id = {rule.id: rule for rule in self.rules}
         self.buckets: dict[BucketKey, list[int]] = {}  # [count, minor units]
         self.seen: dict[str, tuple[tuple[object, ...], Verdict]] = {}
         self.booked: dict[str, Booked] = {}
         self.seqs: dict[str, int] = {}
+        # retention: None, nothing ever expires
+        self.retention = retention
+        self.now = 0  # the store's clock, epoch s, for the batch at hand
+        self.expires: dict[BucketKey, int | None] = {}  # of each bucket stored
+        self.born: dict[BucketKey, int] = {}  # its life's stamp; 0 for none yet
+        self.records: dict[str, tuple[int, int | None, list[BucketKey]]] = {}
+        """Each idempotency record stored: its event time, its expiry, the buckets it
+        counted in (an accepted reversal: released from)."""
+        self.written: set[BucketKey] = set()  # by the batch at hand
+        self.rewritten: dict[str, bool] = {}  # records it wrote: new (or replaced) or not
+        self.reached: set[str] = set()  # what expiry did in this case, for choosing seeds
+        self.forgotten: set[str] = set()  # events whose records expired
+
+    def at(self, now: int) -> None:
+        """A batch begins at ``now``: what expired by then is forgotten (it reads as
+        absent), as a store's read finds it."""
+        self.now = now
+        for key, until in self.expires.items():
+            if until is not None and until <= now and key in self.buckets:
+                del self.buckets[key]
+                self.born[key] = 0
+                self.reached.add("bucket expired")
+        for event_id, (_, until, _) in list(self.records.items()):
+            if until is not None and until <= now:
+                del self.records[event_id], self.seen[event_id]
+                self.booked.pop(event_id, None)
+                self.forgotten.add(event_id)
+
+    def commit(self) -> None:
+        """The batch at hand is stored: each record it wrote gets its expiry."""
+        written, rewritten = self.written, self.rewritten
+        self.written, self.rewritten = set(), {}
+        if self.retention is None:
+            return
+        bucket_seconds, event_seconds = self.retention
+        for key in written:
+            end = self.by_id[key[0]].period_end(key[2])
+            if end is not None:
+                end = min(max(end, self.now) + bucket_seconds, LATEST_EXPIRY)
+            self.expires[key] = end
+        for event_id, new in rewritten.items():
+            occurred, until, counted = self.records[event_id]
+            if not new and until is None:
+                continue  # stored never to expire: it stays so
+            own = min(max(occurred, self.now) + event_seconds, LATEST_EXPIRY)
+            # never before a bucket this batch wrote that it counted in: a resend after
+            # the record went would count again in a bucket still holding it
+            kept = [self.expires[key] for key in counted if key in written]
+            if None in kept:
+                until = None  # a lifetime bucket's: kept for good
+            else:
+                until = max([own, *(e for e in kept if e is not None)])
+                if until > own:
+                    self.reached.add("record kept for its bucket")
+            self.records[event_id] = (occurred, until, counted)
+
+    def _wrote(self, key: BucketKey) -> None:
+        self.written.add(key)
+        if not self.born.get(key):
+            self.born[key] = self.now  # a new life
 
     def process(self, line: str) -> Outcome:
         """The outcome of one input line (without its line end)."""
@@ -373,17 +486,26 @@ class Model:
             event = parse_event(doc)
         except Invalid as e:
             return DeadLetter("invalid_event", str(e))
+        if event.event_id in self.forgotten and event.event_id not in self.seen:
+            self.reached.add("an event decided again, its record expired")
+        if event.original_event_id in self.forgotten and event.type == "reversal":
+            self.reached.add("a reversal of an expired record")
         if event.event_id in self.seen:
             payload, verdict = self.seen[event.event_id]
             if payload == event.payload:
                 return Decided(verdict, duplicate=True)
             return DeadLetter("idempotency_conflict", "another payload under a seen event_id")
         try:
-            verdict = self._payment(event) if event.type == "payment" else self._reversal(event)
+            if event.type == "payment":
+                verdict, counted = self._payment(event)
+            else:
+                verdict, counted = self._reversal(event)
         except Invalid as e:  # a reversal that does not fit its original: nothing changed
             return DeadLetter("invalid_event", str(e))
         verdict.seq = self.seqs[event.account_id] = self.seqs.get(event.account_id, 0) + 1
         self.seen[event.event_id] = (event.payload, verdict)
+        self.records[event.event_id] = (epoch(event.instant), None, counted)
+        self.rewritten[event.event_id] = True
         return Decided(verdict, duplicate=False)
 
     def _applies(self, rule: Rule, event: Event) -> bool:
@@ -415,7 +537,7 @@ class Model:
             None if rule.max_units is None else amount(max(rule.max_units - used, 0)),
         )
 
-    def _payment(self, event: Event) -> Verdict:
+    def _payment(self, event: Event) -> tuple[Verdict, list[BucketKey]]:
         assert event.currency is not None and event.units is not None
         minor = MINOR[event.currency]
         violations: list[Violation] = []
@@ -452,6 +574,7 @@ class Model:
                 bucket = self.buckets.setdefault(key, [0, 0])
                 bucket[0] += 1
                 bucket[1] += event.units
+                self._wrote(key)
         limits = []
         for rule, applied_key in applied:
             if applied_key is None:  # a transaction: this payment alone, whatever the decision
@@ -465,10 +588,12 @@ class Model:
             accepted,
             left=event.units if accepted else 0,
             keys=keys if accepted else [],
+            born=[self.born[key] for key in keys] if accepted else [],
         )
         decision, reason = ("accept", None) if accepted else ("reject", "limit_exceeded")
         amount = Decimal(event.units).scaleb(-minor)
-        return self._verdict(event, decision, reason, violations, limits, amount, event.currency)
+        verdict = self._verdict(event, decision, reason, violations, limits, amount, event.currency)
+        return verdict, keys if accepted else []
 
     @staticmethod
     def _verdict(
@@ -494,9 +619,10 @@ class Model:
             original_event_id=event.original_event_id,
         )
 
-    def _reversal(self, event: Event) -> Verdict:
+    def _reversal(self, event: Event) -> tuple[Verdict, list[BucketKey]]:
         assert event.original_event_id is not None
         original = self.booked.get(event.original_event_id)
+        released: list[BucketKey] = []
         reason = None
         # the verdict's amount and currency (README, *Verdicts*): its own where its
         # original is not found; where it is, the original's currency (unless the
@@ -525,17 +651,28 @@ class Model:
                 reason = "reversal_exceeds_original"
             else:
                 original.left -= units
-                for key in original.keys:
-                    self.buckets[key][1] -= units
+                self.rewritten.setdefault(event.original_event_id, False)
+                for key, born in zip(original.keys, original.born, strict=True):
+                    bucket = self.buckets.get(key)
+                    if bucket is None:
+                        self.reached.add("reversal found its bucket expired")
+                        continue  # nothing of it to release, nothing written
+                    if self.born[key] != born:
+                        self.reached.add("reversal found its bucket in a new life")
+                        continue  # it expired and began again without this payment
+                    bucket[1] -= units
                     if original.left == 0:
-                        self.buckets[key][0] -= 1
-        # an accepted reversal explains the buckets it released, after the release, in the
-        # order its payment was counted in them; a rejected one released nothing
+                        bucket[0] -= 1
+                    self._wrote(key)
+                    released.append(key)
+        # an accepted reversal explains the buckets its payment was counted in, after the
+        # release, in that order (one that expired since as it stands); a rejected one
+        # released nothing
         limits = []
         if reason is None and original is not None:
-            by_id = {rule.id: rule for rule in self.rules}
             for key in original.keys:
-                count, used = self.buckets[key]
-                limits.append(self._limit(by_id[key[0]], key[2], count, used))
+                count, used = self.buckets.get(key, (0, 0))
+                limits.append(self._limit(self.by_id[key[0]], key[2], count, used))
         decision = "reject" if reason else "accept"
-        return self._verdict(event, decision, reason, [], limits, amount, currency)
+        verdict = self._verdict(event, decision, reason, [], limits, amount, currency)
+        return verdict, released

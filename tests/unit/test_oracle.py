@@ -24,14 +24,14 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import astuple
+from dataclasses import astuple, dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.oracle.generate import WINDOWS, Case, case
+from tests.oracle.generate import WINDOWS, Case, Clock, case, clock
 from tests.oracle.model import (
     FINER_THAN_ITS_ORIGINAL,
     NOT_ITS_CURRENCY,
@@ -43,6 +43,8 @@ from tests.oracle.model import (
     Outcome,
     Verdict,
     Violation,
+    epoch,
+    parse_time,
 )
 from tests.unit.test_cli import jsonl, limitflow, write
 from tests.without_extensions import EXTENSIONS, ROOT
@@ -117,6 +119,47 @@ def nonblank(generated: Case) -> list[tuple[int, str]]:
     return [(n, line) for n, line in enumerate(generated.lines, 1) if line.strip(" \t\r")]
 
 
+@dataclass(frozen=True)
+class Expiring:
+    """A case decided in batches on a store's clock (``tests.oracle.generate.clock``)."""
+
+    batches: list[list[tuple[int, str]]]  # numbered nonblank lines, as ``nonblank`` gives
+    clock: Clock
+
+    @property
+    def starts(self) -> dict[int, int]:
+        """The number of each batch's first line, and the clock's time for that batch."""
+        return {batch[0][0]: now for batch, now in zip(self.batches, self.clock.times, strict=True)}
+
+
+def expiring(seed: int, generated: Case, size: int, *, far: bool = False) -> Expiring:
+    """``generated`` in batches of ``size``, on the seed's clock: from about the first
+    event's time, or (``far``) from 2100, after every event and after any day these tests
+    run on (a server's own TTL deletes by the wall clock)."""
+    lines = nonblank(generated)
+    batches = [lines[i : i + size] for i in range(0, len(lines), size)]
+    if far:
+        start = 4_102_444_800  # 2100-01-01T00:00:00Z
+    else:  # the case's first time; its events go back and forth around it, by years too
+        first = next(json.loads(line)["occurred_at"] for _, line in lines if "occurred_at" in line)
+        start = epoch(parse_time(first))
+    return Expiring(batches, clock(seed, len(batches), start))
+
+
+def expiry_reached(seed: int, size: int, *, far: bool = False) -> set[str]:
+    """What expiry does in the case of ``seed`` decided in batches of ``size``."""
+    generated = case(seed)
+    plan = expiring(seed, generated, size, far=far)
+    model = Model(generated.rules, plan.clock.retention)
+    starts = plan.starts
+    for number, line in enumerate(generated.lines, 1):
+        if number in starts:
+            model.commit()
+            model.at(starts[number])
+        model.process(line)
+    return model.reached
+
+
 def dead_letters_of(generated: Case) -> int:
     """How many of the case's lines the model dead-letters."""
     model = Model(generated.rules)
@@ -166,15 +209,21 @@ def differences(
     verdicts: list[bytes],
     letters: list[dict[str, Any]],
     version: str,
+    expiring: Expiring | None = None,
 ) -> list[str]:
     """Where the product's outputs and the model differ: one entry per line, naming the
-    line, its event and what each gave."""
-    model = Model(generated.rules)
+    line, its event and what each gave. With ``expiring``, the model keeps its
+    retentions, on its clock, batch by batch."""
+    model = Model(generated.rules, None if expiring is None else expiring.clock.retention)
+    starts = {} if expiring is None else expiring.starts
     letter_at = {letter["source"]["line"]: letter for letter in letters}
     first: dict[str, bytes] = {}  # event_id -> its first verdict, as written
     found: list[str] = []
     taken = 0  # verdicts consumed: they come in input order, without a line number
     for number, line in enumerate(generated.lines, 1):
+        if number in starts:
+            model.commit()
+            model.at(starts[number])
         try:
             expected = model.process(line)
         except Exception as e:
@@ -252,12 +301,14 @@ def verdict_differences(
     return found
 
 
-def report(seed: int, found: list[str], lines: int) -> str:
+def report(seed: int, found: list[str], lines: int, alone: str | None = None) -> str:
+    """A failure's message; ``alone``: the command that checks this case alone, if not
+    ``test_oracle``'s replay of it."""
     shown = "\n  ".join(found[:SHOWN])
+    alone = alone or f"LIMITFLOW_ORACLE_SEED={seed} .venv/bin/pytest tests/unit/test_oracle.py"
     return (
         f"seed {seed}: {len(found)} of {lines} lines differ from the model, the first "
-        f"{min(len(found), SHOWN)} below (LIMITFLOW_ORACLE_SEED={seed} .venv/bin/pytest "
-        f"tests/unit/test_oracle.py checks it alone)\n  {shown}"
+        f"{min(len(found), SHOWN)} below ({alone} checks it alone)\n  {shown}"
     )
 
 
