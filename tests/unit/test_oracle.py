@@ -38,6 +38,7 @@ from tests.oracle.model import (
     Blank,
     DeadLetter,
     Decided,
+    Invalid,
     Limit,
     Model,
     Outcome,
@@ -138,12 +139,19 @@ def expiring(seed: int, generated: Case, size: int, *, far: bool = False) -> Exp
     run on (a server's own TTL deletes by the wall clock)."""
     lines = nonblank(generated)
     batches = [lines[i : i + size] for i in range(0, len(lines), size)]
-    if far:
-        start = 4_102_444_800  # 2100-01-01T00:00:00Z
-    else:  # the case's first time; its events go back and forth around it, by years too
-        first = next(json.loads(line)["occurred_at"] for _, line in lines if "occurred_at" in line)
-        start = epoch(parse_time(first))
+    # the case's first time (its events go back and forth around it, by years too), or
+    # 2100-01-01T00:00:00Z
+    first = next(filter(None, (event_time(line) for _, line in lines)))
+    start = 4_102_444_800 if far else first
     return Expiring(batches, clock(seed, len(batches), start))
+
+
+def event_time(line: str) -> int | None:
+    """The line's event time, epoch s; None if it has none that is valid."""
+    try:
+        return epoch(parse_time(json.loads(line)["occurred_at"]))
+    except (ValueError, TypeError, KeyError, Invalid):
+        return None
 
 
 def expiry_reached(seed: int, size: int, *, far: bool = False) -> set[str]:
