@@ -7,8 +7,9 @@ used when the extension is built. It writes the verdict's JSON itself, byte for 
 what msgspec writes for the ``Verdict`` struct, instead of building a struct per
 applicable rule. Anything else (an event id sent again with another payload) and
 anything unusual (a scope or match field that is not a string, a long key, a number past
-62 bits, a reversal's amount to read in the original's currency or bucket not as its
-payment left it) goes to the Python path, so the two never differ on an edge case:
+62 bits, a reversal's amount to read in the original's currency, a bucket not as its
+payment left it or of a rule removed or changed to another window since) goes to the
+Python path, so the two never differ on an edge case:
 ``tests/unit/test_fastcore.py`` decides the same streams both ways and compares every
 byte. It reads and writes the attributes of the event and of the
 state records in their slots (``handlers._slots.Field``), as Python's member descriptors
@@ -29,6 +30,7 @@ from handlers._slots cimport Field
 
 import msgspec
 
+from handlers.periods import window_of
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, WorkingState, Writes
 from schemas.currencies import MINOR_UNITS
 from schemas.events import Event, EventType
@@ -1084,6 +1086,8 @@ cdef class FastCore:
                 r = self.by_id.get(parts[0])
                 if r is None or not (<_Rule>r).usable:
                     return None
+                if window_of(parts[1]) is not (<_Rule>r).window:
+                    return None  # its rule changed window since: Decider._released_state
                 periods.append(parts[1])
                 rules.append(r)
 

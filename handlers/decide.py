@@ -13,7 +13,7 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from handlers.periods import PeriodClock, Periods, clock_for
+from handlers.periods import PeriodClock, Periods, clock_for, window_of
 from handlers.state import Bucket, EventRecord, Keys, WorkingState
 from schemas.amounts import TEXT_DIGITS, AmountError, format_minor, to_minor
 from schemas.currencies import MINOR_UNITS
@@ -686,11 +686,13 @@ class Decider:
         return Outcome(OutcomeKind.VERDICT, encoded, decision, reason)
 
     def _released_state(self, key: str, count: int, used: int) -> LimitState | None:
-        """A released bucket's state; None when its rule was removed since the payment
-        (the bucket is still released, there is just no limit left to explain)."""
+        """A released bucket's state; None when its rule was removed since the payment, or
+        changed to another window (the bucket is still released, there is just no limit
+        left to explain: the rule's limits, and maybe its currency, are now those of
+        another window's buckets)."""
         rule_id, period = split_bucket_key(key)
         c = self._by_id.get(rule_id)
-        if c is None:
+        if c is None or window_of(period) is not c.window:
             return None
         return _limit_state(_new_tuple(Applied, (c, period, key, None)), count, used)
 

@@ -56,6 +56,26 @@ def period_key(window: Window, local: datetime) -> str:
     return window.value  # "lifetime" and "transaction" have a single period
 
 
+_WINDOW_BY_LENGTH: Final = {
+    4: Window.YEAR,  # 2026
+    7: Window.MONTH,  # 2026-01
+    8: Window.WEEK,  # 2026-W05 ("lifetime" too: taken first)
+    10: Window.DAY,  # 2026-01-31
+    13: Window.HOUR,  # 2026-01-31T23
+    16: Window.MINUTE,  # 2026-01-31T23:59
+}
+
+
+def window_of(period: str) -> Window | None:
+    """The window whose period strings look like ``period`` (``period_key``'s forms, each
+    of its own length); None for none of them. A bucket's key names its period, not its
+    rule's window: a rule changed in place to another window keeps the old window's
+    buckets under the same id."""
+    if period == "lifetime":
+        return Window.LIFETIME
+    return _WINDOW_BY_LENGTH.get(len(period))
+
+
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 

@@ -393,6 +393,32 @@ def test_reversal_after_a_rule_was_removed_still_releases_its_bucket() -> None:
     assert (released.count, released.amount) == (0, 0)
 
 
+def test_reversal_after_its_rule_changed_window_releases_without_its_new_limits() -> None:
+    """A rule changed in place to another window (README, *Changing rules*) counts anew in
+    the new window's buckets; a reversal of a payment counted before releases it from the
+    old window's bucket, which no limit of the rule now bounds: not explained by the
+    month's limits and currency under a day's period."""
+    store = MemoryStore()
+    run(pay("p1", "60.00", merchant_id="m1"), store=store)
+    # "day" now counts months, in yen; "merchant" keeps its window: explained as before
+    monthly = RULES.replace(
+        "{id: day, window: day, timezone: Asia/Shanghai, currency: CNY, max_count: 3,\n"
+        '     max_amount: "100.00"}',
+        '{id: day, window: month, currency: JPY, max_count: 30, max_amount: "9000"}',
+    )
+    assert monthly != RULES
+    (reversal,) = run(reverse("r1", "p1"), rules=monthly, store=store)
+    assert reversal["decision"] == "accept"
+    assert [(x["rule_id"], x["window"]) for x in reversal["limits"]] == [("merchant", "hour")]
+    released = store.bucket("day|2026-03-14|a1")
+    assert released is not None
+    assert (released.count, released.amount) == (0, 0)
+    # changed back, the day's counter carries on from the release
+    (payment,) = run(pay("p2", "10.00", merchant_id="m1"), store=store)
+    day = next(x for x in payment["limits"] if x["rule_id"] == "day")
+    assert (day["period"], day["count_used"], day["amount_used"]) == ("2026-03-14", 1, "10.00")
+
+
 def expiries(store: MemoryStore) -> dict[str, tuple[int, int | None]]:
     buckets = {key: store.bucket(key) for key in store.data.buckets}
     return {key: (b.version, b.expires_at) for key, b in buckets.items() if b is not None}

@@ -262,7 +262,9 @@ def paid_100(rules: RuleSet) -> tuple[Snapshot, EventRecord, str]:
     return snapshot, record, record.buckets[0]
 
 
-@pytest.mark.parametrize("case", ["absent", "empty", "another_life", "rule_removed", "damaged"])
+@pytest.mark.parametrize(
+    "case", ["absent", "empty", "another_life", "rule_removed", "window_changed", "damaged"]
+)
 def test_a_reversal_of_buckets_not_as_the_payment_left_them_is_decided_alike(case: str) -> None:
     """The compiled path hands these to the Python path before it changes anything."""
     from schemas.rules import load_rules
@@ -280,6 +282,11 @@ def test_a_reversal_of_buckets_not_as_the_payment_left_them_is_decided_alike(cas
         record.buckets = ("gone-rule|2026-03-14|a", *record.buckets)
         record.born = (7, *record.born)
         snapshot.buckets["gone-rule|2026-03-14|a"] = Bucket(1, 10_000, 1, born=7)
+    elif case == "window_changed":  # an hour's bucket of a rule that now counts days
+        assert record.born is not None
+        record.buckets = ("acct-day-cny|2026-03-14T10|a", *record.buckets)
+        record.born = (7, *record.born)
+        snapshot.buckets["acct-day-cny|2026-03-14T10|a"] = Bucket(1, 10_000, 1, born=7)
     else:
         snapshot.buckets[key].amount = 2**70
     for b in snapshot.buckets.values():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from handlers.periods import END_SLACK, PeriodClock, clock_for, period_key
+from handlers.periods import END_SLACK, PeriodClock, clock_for, period_key, window_of
 from schemas import zones
 from schemas.rules import Window, parse_rules
 
@@ -158,6 +158,22 @@ def test_january_2025_and_january_2026_are_different_periods() -> None:
         assert jan_2025[window] != jan_2026[window], window
     assert (jan_2025["month"], jan_2026["month"]) == ("2025-01", "2026-01")
     assert (jan_2025["week"], jan_2026["week"]) == ("2025-W03", "2026-W03")
+
+
+@pytest.mark.parametrize(
+    "local",
+    [
+        datetime(1, 1, 2, tzinfo=UTC),
+        datetime(2026, 1, 1, tzinfo=UTC),
+        datetime(2027, 1, 3, 23, 59, tzinfo=UTC),  # ISO week 53 of 2026
+        datetime(9999, 12, 30, 23, 59, tzinfo=UTC),
+    ],
+)
+def test_the_window_of_a_period_is_the_one_that_named_it(local: datetime) -> None:
+    for window in Window:
+        if window is not Window.TRANSACTION:  # no bucket, no key
+            assert window_of(period_key(window, local)) is window
+    assert window_of("2026-03-14T10:00:00") is None
 
 
 def test_lifetime_and_transaction_never_change() -> None:
