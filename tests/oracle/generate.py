@@ -145,6 +145,43 @@ def clock(seed: int, batches: int, start: int) -> Clock:
     return Clock(bucket_days, event_days, times)
 
 
+def changed(seed: int, rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rules`` changed in place as README *Changing rules* allows, for a second run on
+    the same store: limits raised or lowered (to 0 now and then, or under what is used),
+    ``match`` changed, a window moved to another (not of or to ``transaction``), rules
+    removed, and copies of some under new ids. Never a zone, a currency or a scope: a
+    store refuses those under the same id. A function of the seed alone."""
+    rnd = random.Random(f"changed {seed}")
+    out = []
+    for rule in rules:
+        r = rnd.random()
+        if r < 0.15:
+            continue  # removed
+        new = dict(rule)
+        if r < 0.45:
+            factor = rnd.choice((0, 0.5, 0.5, 2, 3))
+            if "max_count" in new:
+                new["max_count"] = int(new["max_count"] * factor)
+            if "max_amount" in new:
+                amount = Decimal(new["max_amount"])
+                minor = MINOR[new["currency"]]
+                new["max_amount"] = (
+                    f"{(amount * Decimal(factor)).quantize(Decimal(1).scaleb(-minor))}"
+                )
+        elif r < 0.65 and new["window"] != "transaction":
+            new["window"] = rnd.choice([w for w in WINDOWS[1:] if w != new["window"]])
+        elif r < 0.75:
+            match = rnd.choice(MATCHES)
+            if match is None:
+                new.pop("match", None)
+            else:
+                new["match"] = match
+        out.append(new)
+    for i in range(rnd.randint(0 if out != rules else 1, 2)):  # new ids count from zero
+        out.insert(rnd.randint(0, len(out)), {**rnd.choice(rules), "id": f"new{i}"})
+    return out
+
+
 def case(seed: int, events: int | None = None) -> Case:
     """The case of ``seed``: a rules file and ``events`` lines (by default 100-250)."""
     return _Generator(random.Random(seed)).case(events)

@@ -121,26 +121,27 @@ class Rule:
             return f"{local.year:04d}"
         return local.strftime(FORMATS[self.window])
 
-    def period_end(self, period: str) -> int | None:
-        """When ``period`` ends for expiry, in epoch s: its local end (the next period's
-        start) read as UTC, + 24 h; None for a lifetime bucket, which never expires."""
-        if self.window == "lifetime":
-            return None
-        # the local wall time of the next period's start, read as UTC
-        if self.window == "week":
-            year, week = period.split("-W")
-            monday = datetime.fromisocalendar(int(year), int(week), 1)
-            end = datetime(monday.year, monday.month, monday.day, tzinfo=UTC) + timedelta(7)
-        elif self.window == "month":
-            y, m = map(int, period.split("-"))
-            end = datetime(y + m // 12, m % 12 + 1, 1, tzinfo=UTC)
-        elif self.window == "year":
-            end = datetime(int(period) + 1, 1, 1, tzinfo=UTC)
-        else:
-            start = datetime.strptime(period, FORMATS[self.window]).replace(tzinfo=UTC)
-            steps = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1)}
-            end = start + steps.get(self.window, timedelta(days=1))
-        return epoch(end) + END_SLACK
+
+def period_end(window: str, period: str) -> int | None:
+    """When ``period`` ends for expiry, in epoch s: its local end (the next period's
+    start) read as UTC, + 24 h; None for a lifetime bucket, which never expires."""
+    if window == "lifetime":
+        return None
+    # the local wall time of the next period's start, read as UTC
+    if window == "week":
+        year, week = period.split("-W")
+        monday = datetime.fromisocalendar(int(year), int(week), 1)
+        end = datetime(monday.year, monday.month, monday.day, tzinfo=UTC) + timedelta(7)
+    elif window == "month":
+        y, m = map(int, period.split("-"))
+        end = datetime(y + m // 12, m % 12 + 1, 1, tzinfo=UTC)
+    elif window == "year":
+        end = datetime(int(period) + 1, 1, 1, tzinfo=UTC)
+    else:
+        start = datetime.strptime(period, FORMATS[window]).replace(tzinfo=UTC)
+        steps = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1)}
+        end = start + steps.get(window, timedelta(days=1))
+    return epoch(end) + END_SLACK
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,7 @@ class Booked:
     accepted: bool
     left: int  # minor units not reversed yet
     keys: list[BucketKey] = field(default_factory=list)
+    windows: list[str] = field(default_factory=list)  # its rules' then, by key
     born: list[int] = field(default_factory=list)  # the life of each bucket it was added to
 
 
@@ -414,6 +416,7 @@ class Model:
         self.now = 0  # the store's clock, epoch s, for the batch at hand
         self.expires: dict[BucketKey, int | None] = {}  # of each bucket stored
         self.born: dict[BucketKey, int] = {}  # its life's stamp; 0 for none yet
+        self.windows: dict[BucketKey, str] = {}  # the window it counts (its rule's then)
         self.records: dict[str, tuple[int, int | None, list[BucketKey]]] = {}
         """Each idempotency record stored: its event time, its expiry, the buckets it
         counted in (an accepted reversal: released from)."""
@@ -445,7 +448,7 @@ class Model:
             return
         bucket_seconds, event_seconds = self.retention
         for key in written:
-            end = self.by_id[key[0]].period_end(key[2])
+            end = period_end(self.windows[key], key[2])
             if end is not None:
                 end = min(max(end, self.now) + bucket_seconds, LATEST_EXPIRY)
             self.expires[key] = end
@@ -465,8 +468,16 @@ class Model:
                     self.reached.add("record kept for its bucket")
             self.records[event_id] = (occurred, until, counted)
 
-    def _wrote(self, key: BucketKey) -> None:
+    def change_rules(self, rules: list[dict[str, Any]]) -> None:
+        """The rules file changed in place between two runs on one store (README,
+        *Changing rules*): buckets are named by rule id, period and scope values, and
+        carry on under the new rules."""
+        self.rules = [Rule.from_doc(doc) for doc in rules]
+        self.by_id = {rule.id: rule for rule in self.rules}
+
+    def _wrote(self, key: BucketKey, window: str) -> None:
         self.written.add(key)
+        self.windows[key] = window
         if not self.born.get(key):
             self.born[key] = self.now  # a new life
 
@@ -574,7 +585,7 @@ class Model:
                 bucket = self.buckets.setdefault(key, [0, 0])
                 bucket[0] += 1
                 bucket[1] += event.units
-                self._wrote(key)
+                self._wrote(key, self.by_id[key[0]].window)
         limits = []
         for rule, applied_key in applied:
             if applied_key is None:  # a transaction: this payment alone, whatever the decision
@@ -588,6 +599,7 @@ class Model:
             accepted,
             left=event.units if accepted else 0,
             keys=keys if accepted else [],
+            windows=[self.by_id[key[0]].window for key in keys] if accepted else [],
             born=[self.born[key] for key in keys] if accepted else [],
         )
         decision, reason = ("accept", None) if accepted else ("reject", "limit_exceeded")
@@ -652,7 +664,8 @@ class Model:
             else:
                 original.left -= units
                 self.rewritten.setdefault(event.original_event_id, False)
-                for key, born in zip(original.keys, original.born, strict=True):
+                counted = zip(original.keys, original.windows, original.born, strict=True)
+                for key, window, born in counted:
                     bucket = self.buckets.get(key)
                     if bucket is None:
                         self.reached.add("reversal found its bucket expired")
@@ -663,16 +676,20 @@ class Model:
                     bucket[1] -= units
                     if original.left == 0:
                         bucket[0] -= 1
-                    self._wrote(key)
+                    self._wrote(key, window)
                     released.append(key)
         # an accepted reversal explains the buckets its payment was counted in, after the
-        # release, in that order (one that expired since as it stands); a rejected one
+        # release, in that order (one that expired since as it stands; none that no
+        # rule bounds now: its rule removed or moved to another window); a rejected one
         # released nothing
         limits = []
         if reason is None and original is not None:
-            for key in original.keys:
+            for key, window in zip(original.keys, original.windows, strict=True):
+                rule = self.by_id.get(key[0])
+                if rule is None or rule.window != window:
+                    continue
                 count, used = self.buckets.get(key, (0, 0))
-                limits.append(self._limit(self.by_id[key[0]], key[2], count, used))
+                limits.append(self._limit(rule, key[2], count, used))
         decision = "reject" if reason else "accept"
         verdict = self._verdict(event, decision, reason, [], limits, amount, currency)
         return verdict, released

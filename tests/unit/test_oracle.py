@@ -5,8 +5,9 @@ limitflow's code. Each case is replayed as a user runs it, ``python -m limitflow
 in a subprocess, and every line is checked against the model: the dead letter (line,
 error, raw) or the verdict (ids, type, decision, reason, seq, occurred_at, amount,
 currency, violations and limits in order; its rules_version against ``limitflow rules
-check``), a resend's verdict byte for byte the original's. Two cases are also replayed
-in Python alone, as installed without a C compiler.
+check``), a resend's verdict byte for byte the original's. Each case is also replayed
+in two halves on one sqlite file with its rules changed in place in between, and two
+cases in Python alone, as installed without a C compiler.
 
 The fixed seeds make CI check the same ground on every run (a test keeps them reaching
 every outcome); one fresh seed per run widens it. A failure names its seed, and
@@ -31,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from tests.oracle.generate import WINDOWS, Case, Clock, case, clock
+from tests.oracle.generate import WINDOWS, Case, Clock, case, changed, clock
 from tests.oracle.model import (
     FINER_THAN_ITS_ORIGINAL,
     NOT_ITS_CURRENCY,
@@ -133,6 +134,15 @@ class Expiring:
         return {batch[0][0]: now for batch, now in zip(self.batches, self.clock.times, strict=True)}
 
 
+@dataclass(frozen=True)
+class Change:
+    """The rules changed in place from ``line`` on: the new rules and their version."""
+
+    line: int
+    rules: list[dict[str, Any]]
+    version: str
+
+
 def expiring(seed: int, generated: Case, size: int, *, far: bool = False) -> Expiring:
     """``generated`` in batches of ``size``, on the seed's clock: from about the first
     event's time, or (``far``) from 2100, after every event and after any day these tests
@@ -218,10 +228,12 @@ def differences(
     letters: list[dict[str, Any]],
     version: str,
     expiring: Expiring | None = None,
+    change: Change | None = None,
 ) -> list[str]:
     """Where the product's outputs and the model differ: one entry per line, naming the
     line, its event and what each gave. With ``expiring``, the model keeps its
-    retentions, on its clock, batch by batch."""
+    retentions, on its clock, batch by batch; with ``change``, the rules change where it
+    says."""
     model = Model(generated.rules, None if expiring is None else expiring.clock.retention)
     starts = {} if expiring is None else expiring.starts
     letter_at = {letter["source"]["line"]: letter for letter in letters}
@@ -232,6 +244,9 @@ def differences(
         if number in starts:
             model.commit()
             model.at(starts[number])
+        if change is not None and number == change.line:
+            model.change_rules(change.rules)
+            version = change.version
         try:
             expected = model.process(line)
         except Exception as e:
@@ -358,6 +373,36 @@ def test_a_replay_split_in_two_on_sqlite_continues_as_one(tmp_path: Path) -> Non
         letter["source"]["line"] += cut
     assert first + second == whole, f"seed {SPLIT_SEED}, cut after line {cut}"
     assert first_letters + second_letters == whole_letters, f"seed {SPLIT_SEED}, cut {cut}"
+
+
+@pytest.mark.parametrize("seed", seeds())
+def test_rules_changed_in_place_between_two_replays_decide_as_the_model(
+    tmp_path: Path, seed: int
+) -> None:
+    """README *Changing rules*: the first half of a case replayed on a sqlite file, the
+    second half on the same file with its rules changed in place (limits raised and
+    lowered, ``match`` changed, windows moved, rules removed and added under new ids,
+    ``tests.oracle.generate.changed``). The buckets carry on under the new rules: every
+    line as the model says, the second half's verdicts naming the new rules' version."""
+    generated = case(seed)
+    (tmp_path / "before").mkdir()
+    (tmp_path / "after").mkdir()
+    rules, version = write_rules(tmp_path / "before", generated)
+    after = Case(changed(seed, generated.rules), generated.lines)
+    new_rules, new_version = write_rules(tmp_path / "after", after)
+    assert new_version != version
+    cut = len(generated.lines) // 2
+    store = f"sqlite:///{tmp_path / 'state.db'}?{RETENTION}"
+    first, first_letters = replay(tmp_path / "first", rules, generated.lines[:cut], store)
+    second, letters = replay(tmp_path / "second", new_rules, generated.lines[cut:], store)
+    for letter in letters:
+        letter["source"]["line"] += cut
+    change = Change(cut + 1, after.rules, new_version)
+    found = differences(
+        seed, generated, first + second, first_letters + letters, version, None, change
+    )
+    if found:
+        pytest.fail(report(seed, found, len(generated.lines)), pytrace=False)
 
 
 @pytest.mark.parametrize(("seed", "kind"), [(87, "memory"), (256, "sqlite")])
