@@ -6,8 +6,8 @@ in a subprocess, and every line is checked against the model: the dead letter (l
 error, raw) or the verdict (ids, type, decision, reason, seq, occurred_at, amount,
 currency, violations and limits in order; its rules_version against ``limitflow rules
 check``), a resend's verdict byte for byte the original's. Each case is also replayed
-in two halves on one sqlite file with its rules changed in place in between, and two
-cases in Python alone, as installed without a C compiler.
+in thirds on one sqlite file with its rules changed in place and back, and two cases in
+Python alone, as installed without a C compiler.
 
 The fixed seeds make CI check the same ground on every run (a test keeps them reaching
 every outcome); one fresh seed per run widens it. A failure names its seed, and
@@ -228,12 +228,12 @@ def differences(
     letters: list[dict[str, Any]],
     version: str,
     expiring: Expiring | None = None,
-    change: Change | None = None,
+    changes: tuple[Change, ...] = (),
 ) -> list[str]:
     """Where the product's outputs and the model differ: one entry per line, naming the
     line, its event and what each gave. With ``expiring``, the model keeps its
-    retentions, on its clock, batch by batch; with ``change``, the rules change where it
-    says."""
+    retentions, on its clock, batch by batch; with ``changes``, the rules change where
+    each says."""
     model = Model(generated.rules, None if expiring is None else expiring.clock.retention)
     starts = {} if expiring is None else expiring.starts
     letter_at = {letter["source"]["line"]: letter for letter in letters}
@@ -244,9 +244,10 @@ def differences(
         if number in starts:
             model.commit()
             model.at(starts[number])
-        if change is not None and number == change.line:
-            model.change_rules(change.rules)
-            version = change.version
+        for change in changes:
+            if number == change.line:
+                model.change_rules(change.rules)
+                version = change.version
         try:
             expected = model.process(line)
         except Exception as e:
@@ -376,31 +377,36 @@ def test_a_replay_split_in_two_on_sqlite_continues_as_one(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("seed", seeds())
-def test_rules_changed_in_place_between_two_replays_decide_as_the_model(
-    tmp_path: Path, seed: int
-) -> None:
-    """README *Changing rules*: the first half of a case replayed on a sqlite file, the
-    second half on the same file with its rules changed in place (limits raised and
-    lowered, ``match`` changed, windows moved, rules removed and added under new ids,
-    ``tests.oracle.generate.changed``). The buckets carry on under the new rules: every
-    line as the model says, the second half's verdicts naming the new rules' version."""
+def test_rules_changed_in_place_and_back_decide_as_the_model(tmp_path: Path, seed: int) -> None:
+    """README *Changing rules*: a case replayed in thirds on one sqlite file, its rules
+    changed in place for the second (limits raised and lowered, ``match`` changed,
+    windows moved, rules removed and added under new ids: ``tests.oracle.generate.
+    changed``) and changed back for the last. The buckets carry on under the rules in
+    force (a window changed back, from its counters as they were left): every line as
+    the model says, each third's verdicts naming its rules' version."""
     generated = case(seed)
     (tmp_path / "before").mkdir()
     (tmp_path / "after").mkdir()
     rules, version = write_rules(tmp_path / "before", generated)
     after = Case(changed(seed, generated.rules), generated.lines)
     new_rules, new_version = write_rules(tmp_path / "after", after)
-    assert new_version != version
-    cut = len(generated.lines) // 2
+    lines, third = generated.lines, len(generated.lines) // 3
     store = f"sqlite:///{tmp_path / 'state.db'}?{RETENTION}"
-    first, first_letters = replay(tmp_path / "first", rules, generated.lines[:cut], store)
-    second, letters = replay(tmp_path / "second", new_rules, generated.lines[cut:], store)
-    for letter in letters:
-        letter["source"]["line"] += cut
-    change = Change(cut + 1, after.rules, new_version)
-    found = differences(
-        seed, generated, first + second, first_letters + letters, version, None, change
+    verdicts: list[bytes] = []
+    letters: list[dict[str, Any]] = []
+    for n, (start, end, path) in enumerate(
+        [(0, third, rules), (third, 2 * third, new_rules), (2 * third, len(lines), rules)]
+    ):
+        out, dead = replay(tmp_path / f"part{n}", path, lines[start:end], store)
+        for letter in dead:
+            letter["source"]["line"] += start
+        verdicts += out
+        letters += dead
+    changes = (
+        Change(third + 1, after.rules, new_version),
+        Change(2 * third + 1, generated.rules, version),
     )
+    found = differences(seed, generated, verdicts, letters, version, None, changes)
     if found:
         pytest.fail(report(seed, found, len(generated.lines)), pytrace=False)
 
