@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import sqlite3
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,13 @@ def expiry_seeds() -> list[Any]:
     return [*fixed, pytest.param(fresh, id="fresh")]
 
 
-async def opened(url: str, clock: float | None = None) -> Store:
-    store = open_store(url) if clock is None else open_store(url, clock=lambda: clock)
+async def opened(url: str, clock: float | Callable[[], float] | None = None) -> Store:
+    """A store of ``url``, initialised, on the wall clock or on ``clock``: a time, or
+    what tells it."""
+    if clock is None:
+        store = open_store(url)
+    else:
+        store = open_store(url, clock=clock if callable(clock) else lambda: clock)
     await store.init()
     return store
 
@@ -219,9 +225,7 @@ async def test_the_oracle_cases_expire_as_the_model_says(
     rules_path.write_text(generated.rules_text(), encoding="utf-8")
     rules = load_rules(str(rules_path))
     now = [0]  # the store's clock: the batch's time
-    url = store_url + ("&" if "?" in store_url else "?") + plan.clock.query
-    store = open_store(url, clock=lambda: now[0])
-    await store.init()
+    store = await opened(with_retention(store_url, plan.clock.query), lambda: now[0])
     retention = store.retention
     assert (retention.bucket_seconds, retention.event_seconds) == plan.clock.retention
     engine = Engine(Decider(rules), store)
@@ -249,10 +253,11 @@ def test_the_expiry_seeds_reach_every_expiry(far: bool) -> None:
         assert oracle_expiry_reached(seed, 9, far=far) == EXPIRIES, seed
 
 
-def with_retention(url: str) -> str:
-    """``url`` keeping what the model keeps: the cases fall in 2020-2028 whatever today's
-    date, and the default retentions would expire their state on the wall clock."""
-    return url + ("&" if "?" in url else "?") + ORACLE_RETENTION
+def with_retention(url: str, retention: str = ORACLE_RETENTION) -> str:
+    """``url`` keeping what the model keeps (by default all: the cases fall in 2020-2028
+    whatever today's date, and the default retentions would expire their state on the
+    wall clock)."""
+    return url + ("&" if "?" in url else "?") + retention
 
 
 async def test_state_survives_reopening(store_url: str) -> None:

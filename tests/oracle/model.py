@@ -229,7 +229,6 @@ class Booked:
     accepted: bool
     left: int  # minor units not reversed yet
     keys: list[BucketKey] = field(default_factory=list)
-    windows: list[str] = field(default_factory=list)  # its rules' then, by key
     born: list[int] = field(default_factory=list)  # the life of each bucket it was added to
 
 
@@ -416,7 +415,8 @@ class Model:
         self.now = 0  # the store's clock, epoch s, for the batch at hand
         self.expires: dict[BucketKey, int | None] = {}  # of each bucket stored
         self.born: dict[BucketKey, int] = {}  # its life's stamp; 0 for none yet
-        self.windows: dict[BucketKey, str] = {}  # the window it counts (its rule's then)
+        self.windows: dict[BucketKey, str] = {}  # the window it counts (its rule's then;
+        # a key's period has that window's form, so no other window writes it)
         self.records: dict[str, tuple[int, int | None, list[BucketKey]]] = {}
         """Each idempotency record stored: its event time, its expiry, the buckets it
         counted in (an accepted reversal: released from)."""
@@ -599,7 +599,6 @@ class Model:
             accepted,
             left=event.units if accepted else 0,
             keys=keys if accepted else [],
-            windows=[self.by_id[key[0]].window for key in keys] if accepted else [],
             born=[self.born[key] for key in keys] if accepted else [],
         )
         decision, reason = ("accept", None) if accepted else ("reject", "limit_exceeded")
@@ -664,8 +663,7 @@ class Model:
             else:
                 original.left -= units
                 self.rewritten.setdefault(event.original_event_id, False)
-                counted = zip(original.keys, original.windows, original.born, strict=True)
-                for key, window, born in counted:
+                for key, born in zip(original.keys, original.born, strict=True):
                     bucket = self.buckets.get(key)
                     if bucket is None:
                         self.reached.add("reversal found its bucket expired")
@@ -676,7 +674,7 @@ class Model:
                     bucket[1] -= units
                     if original.left == 0:
                         bucket[0] -= 1
-                    self._wrote(key, window)
+                    self._wrote(key, self.windows[key])
                     released.append(key)
         # an accepted reversal explains the buckets its payment was counted in, after the
         # release, in that order (one that expired since as it stands; none that no
@@ -684,9 +682,9 @@ class Model:
         # released nothing
         limits = []
         if reason is None and original is not None:
-            for key, window in zip(original.keys, original.windows, strict=True):
+            for key in original.keys:
                 rule = self.by_id.get(key[0])
-                if rule is None or rule.window != window:
+                if rule is None or rule.window != self.windows[key]:
                     continue
                 count, used = self.buckets.get(key, (0, 0))
                 limits.append(self._limit(rule, key[2], count, used))

@@ -17,6 +17,7 @@ every outcome); one fresh seed per run widens it. A failure names its seed, and
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -128,10 +129,17 @@ class Expiring:
     batches: list[list[tuple[int, str]]]  # numbered nonblank lines, as ``nonblank`` gives
     clock: Clock
 
-    @property
+    @functools.cached_property
     def starts(self) -> dict[int, int]:
         """The number of each batch's first line, and the clock's time for that batch."""
         return {batch[0][0]: now for batch, now in zip(self.batches, self.clock.times, strict=True)}
+
+    def frame(self, model: Model, number: int) -> None:
+        """Before line ``number``: if it begins a batch, the batch before it is stored and
+        the model's clock set for the next."""
+        if number in self.starts:
+            model.commit()
+            model.at(self.starts[number])
 
 
 @dataclass(frozen=True)
@@ -169,11 +177,8 @@ def expiry_reached(seed: int, size: int, *, far: bool = False) -> set[str]:
     generated = case(seed)
     plan = expiring(seed, generated, size, far=far)
     model = Model(generated.rules, plan.clock.retention)
-    starts = plan.starts
     for number, line in enumerate(generated.lines, 1):
-        if number in starts:
-            model.commit()
-            model.at(starts[number])
+        plan.frame(model, number)
         model.process(line)
     return model.reached
 
@@ -235,15 +240,13 @@ def differences(
     retentions, on its clock, batch by batch; with ``changes``, the rules change where
     each says."""
     model = Model(generated.rules, None if expiring is None else expiring.clock.retention)
-    starts = {} if expiring is None else expiring.starts
     letter_at = {letter["source"]["line"]: letter for letter in letters}
     first: dict[str, bytes] = {}  # event_id -> its first verdict, as written
     found: list[str] = []
     taken = 0  # verdicts consumed: they come in input order, without a line number
     for number, line in enumerate(generated.lines, 1):
-        if number in starts:
-            model.commit()
-            model.at(starts[number])
+        if expiring is not None:
+            expiring.frame(model, number)
         for change in changes:
             if number == change.line:
                 model.change_rules(change.rules)
