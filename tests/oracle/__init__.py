@@ -9,9 +9,10 @@ and KWD amounts, limits of 0, exact-at-limit, scope lists, ``match``, reversals 
 outcome, resends reformatted or changed, invalid lines). ``tests/unit/test_oracle.py``
 runs the product on them and compares (also with the rules changed in place and back
 between replays on one store, as the README's *Changing rules* allows); the store
-contract runs four of its fixed cases on every store, and two more on a store clock that
-moves between batches (the model keeps retention when asked, as the README's *State
-stores* says), and the integration tests one through ``limitflow run`` and the faust app.
+contract runs four of its fixed cases on every store, and two more and a fresh one on a
+store clock that moves between batches (the model keeps retention when asked, as the
+README's *State stores* says), and the integration tests one through ``limitflow run``
+and the faust app.
 
 What the contract leaves to limitflow came later and from the other side: the verdict's
 ``limits`` explanation, and its ``occurred_at``, ``amount``, ``currency`` and
