@@ -27,6 +27,7 @@ from stores.memory import MemoryStore
 from stores.mongo import MongoStore
 from stores.sqlite import SqliteStore
 from streams.engine import Engine, Record, Result
+from tests.oracle.generate import Case
 from tests.oracle.generate import case as oracle_case
 from tests.oracle.model import EXPIRIES
 from tests.unit.test_oracle import ASKED as ORACLE_ASKED
@@ -168,9 +169,7 @@ async def test_the_oracle_cases_are_decided_as_the_model_says(
     resends, invalid lines) through the engine on each backend, in batches of 9: every
     line as the reference model says, a resend's verdict byte for byte its first."""
     generated = oracle_case(seed)
-    rules_path = tmp_path / "rules.yaml"
-    rules_path.write_text(generated.rules_text(), encoding="utf-8")
-    rules = load_rules(str(rules_path))
+    rules = oracle_rules(generated, tmp_path)
     engine = Engine(Decider(rules), store := await opened(with_retention(store_url)))
     try:
         records = [Record(line.encode(), {"line": n}) for n, line in oracle_nonblank(generated)]
@@ -182,6 +181,13 @@ async def test_the_oracle_cases_are_decided_as_the_model_says(
         await store.close()
     found = oracle_differences(seed, generated, verdicts, letters, rules.version)
     assert not found, f"{store_url}: {oracle_report(seed, found, len(generated.lines))}"
+
+
+def oracle_rules(generated: Case, directory: Path) -> RuleSet:
+    """The case's rules, read from a file in ``directory`` as a user's would be."""
+    path = directory / "rules.yaml"
+    path.write_text(generated.rules_text(), encoding="utf-8")
+    return load_rules(str(path))
 
 
 def sort_out(results: list[Result], verdicts: list[bytes], letters: list[dict[str, Any]]) -> None:
@@ -221,9 +227,7 @@ async def test_the_oracle_cases_expire_as_the_model_says(
         pytest.skip(f"seed {seed}'s case has {len(generated.rules)} rules, over {MOST_RULES}")
     embedded = store_url.startswith(("memory:", "sqlite:"))
     plan = oracle_expiring(seed, generated, 9, far=not embedded)
-    rules_path = tmp_path / "rules.yaml"
-    rules_path.write_text(generated.rules_text(), encoding="utf-8")
-    rules = load_rules(str(rules_path))
+    rules = oracle_rules(generated, tmp_path)
     now = [0]  # the store's clock: the batch's time
     store = await opened(with_retention(store_url, plan.clock.query), lambda: now[0])
     retention = store.retention

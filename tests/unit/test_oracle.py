@@ -107,6 +107,7 @@ def replay(
 def write_rules(directory: Path, generated: Case) -> tuple[Path, str]:
     """The case's rules file, and its version as ``limitflow rules check`` gives it (what
     every verdict must name as its ``rules_version``)."""
+    directory.mkdir(parents=True, exist_ok=True)
     path = directory / "rules.yaml"
     path.write_text(generated.rules_text(), encoding="utf-8")
     checked = limitflow("rules", "check", str(path), cwd=directory)
@@ -388,8 +389,6 @@ def test_rules_changed_in_place_and_back_decide_as_the_model(tmp_path: Path, see
     force (a window changed back, from its counters as they were left): every line as
     the model says, each third's verdicts naming its rules' version."""
     generated = case(seed)
-    (tmp_path / "before").mkdir()
-    (tmp_path / "after").mkdir()
     rules, version = write_rules(tmp_path / "before", generated)
     after = Case(changed(seed, generated.rules), generated.lines)
     new_rules, new_version = write_rules(tmp_path / "after", after)
