@@ -358,8 +358,16 @@ class TransactionalOutput(Output):
 
     async def _take_over(self, partitions: frozenset[TopicPartition]) -> None:
         # Fence the previous owners first: their open transactions are aborted and
-        # committing ones completed, so the committed offsets read next are final.
-        await asyncio.gather(*(self._producer(tp) for tp in partitions))
+        # committing ones completed, so the committed offsets read next are final. Every
+        # start is waited for, and the first failure raised: with gather's default, the
+        # other starts' failures (brokers without transactions refuse them all) were
+        # never retrieved, and asyncio's shutdown logged each with its traceback.
+        started = await asyncio.gather(
+            *(self._producer(tp) for tp in partitions), return_exceptions=True
+        )
+        for outcome in started:
+            if isinstance(outcome, BaseException):
+                raise outcome
         for tp in partitions:
             committed = await self.consumer.committed(tp)
             if committed is not None:
