@@ -385,6 +385,44 @@ async def test_a_take_over_the_brokers_do_not_answer_is_an_outage_not_a_hang() -
     assert is_retriable(caught.value)
 
 
+class _Refused:
+    """A transactional producer the brokers refuse (tansu answers InitProducerId with
+    UnknownError), ``delay`` seconds into its start; its start and stop recorded."""
+
+    def __init__(self, delay: float, log: list[str]) -> None:
+        self.delay, self.log = delay, log
+
+    async def start(self) -> None:
+        await asyncio.sleep(self.delay)
+        self.log.append("refused")
+        raise kafka_errors.UnknownError()
+
+    async def stop(self) -> None:
+        self.log.append("stopped")
+
+
+async def test_a_take_over_the_brokers_refuse_waits_for_every_start_and_says_why() -> None:
+    # asyncio.gather raised the first refusal and left the other partitions' starts
+    # running: their refusals were never retrieved, and asyncio's shutdown logged each
+    # with its traceback after `run`'s one-line reason (seen once in CI on tansu)
+    from aiokafka import TopicPartition
+
+    from limitflow.errors import BrokerRejected
+    from streams.output import TransactionalOutput
+
+    log: list[str] = []
+    delays = {f"limitflow:g:in:{n}": n / 50 for n in range(4)}  # the first refused first
+    transactional = TransactionalOutput(
+        lambda tid: _Refused(delays[tid], log), _Committed(None), "g"
+    )
+    partitions = frozenset(TopicPartition("in", n) for n in range(4))
+    with pytest.raises(BrokerRejected) as caught:
+        await transactional.on_assigned(partitions)
+    assert sorted(log) == ["refused"] * 4 + ["stopped"] * 4  # every start ended first
+    assert "needs brokers that implement Kafka transactions" in str(caught.value)
+    assert transactional.producers == {}
+
+
 def test_no_two_groups_and_topics_share_a_transactional_id() -> None:
     # joined by "-", which group ids and topic names both hold: group pay-eu on topic
     # events and group pay on topic eu-events were one id, and two unrelated deployments
