@@ -274,9 +274,8 @@ def test_the_expiry_seeds_reach_every_expiry(far: bool) -> None:
 
 
 def with_retention(url: str, retention: str = ORACLE_RETENTION) -> str:
-    """``url`` keeping what the model keeps (by default all: the cases fall in 2020-2028
-    whatever today's date, and the default retentions would expire their state on the
-    wall clock)."""
+    """``url`` with ``retention`` (by default the oracle tests' own, the defaults named:
+    ``tests.unit.test_oracle.RETENTION``)."""
     return url + ("&" if "?" in url else "?") + retention
 
 
