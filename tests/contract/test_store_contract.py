@@ -165,7 +165,7 @@ async def test_the_oracle_cases_are_decided_as_the_model_says(
     resends, invalid lines) through the engine on each backend, in batches of 9: every
     line as the reference model says, a resend's verdict byte for byte its first."""
     generated = oracle_case(seed)
-    rules = oracle_rules(generated, tmp_path)
+    rules = loaded_oracle_rules(generated, tmp_path)
     engine = Engine(Decider(rules), store := await opened(with_retention(store_url)))
     try:
         records = [Record(line.encode(), {"line": n}) for n, line in oracle_nonblank(generated)]
@@ -179,7 +179,7 @@ async def test_the_oracle_cases_are_decided_as_the_model_says(
     assert not found, f"{store_url}: {oracle_report(seed, found, len(generated.lines))}"
 
 
-def oracle_rules(generated: Case, directory: Path) -> RuleSet:
+def loaded_oracle_rules(generated: Case, directory: Path) -> RuleSet:
     """The case's rules, read from a file in ``directory`` as a user's would be."""
     path = directory / "rules.yaml"
     path.write_text(generated.rules_text(), encoding="utf-8")
@@ -228,7 +228,7 @@ async def test_the_oracle_cases_expire_as_the_model_says(
     generated = oracle_case(seed)
     embedded = store_url.startswith(("memory:", "sqlite:"))
     plan = oracle_expiring(seed, generated, 9, far=not embedded)
-    rules = oracle_rules(generated, tmp_path)
+    rules = loaded_oracle_rules(generated, tmp_path)
     now = [0]  # the store's clock: the batch's time
     store = await opened(with_retention(store_url, plan.clock.query), lambda: now[0])
     retention = store.retention
