@@ -270,8 +270,7 @@ class VelocityConsumer:
             return
         self._skipped_looked = now
         ahead: dict[TopicPartition, int] = {}
-        # not a paused one: held in an outage, or no longer this member's (``_rejoin``)
-        for tp in (self._owned & self.consumer.assignment()) - self.consumer.paused():
+        for tp in [tp for tp in self._owned if self._still_reading(tp)]:
             committed = self._positions.get(tp)
             if committed is None:  # no batch yet: the group's offset is where it reads
                 continue
@@ -284,6 +283,12 @@ class VelocityConsumer:
             return
         done: set[TopicPartition] = set()
         async with self._batch_lock:
+            # looking took turns of the event loop: a rebalance may have revoked some of
+            # them meanwhile (committing one then, under exactly-once, took it back with a
+            # new transactional producer, fencing its new owner), or ``_rejoin`` paused them
+            ahead = {tp: offset for tp, offset in ahead.items() if self._still_reading(tp)}
+            if not ahead:
+                return
             try:
                 # as a batch of no records: under exactly-once, a transaction of the
                 # offsets alone, with all that a batch's has (fencing, unsure partitions)
@@ -322,6 +327,15 @@ class VelocityConsumer:
         with contextlib.suppress(asyncio.CancelledError):
             await fetch
         return None
+
+    def _still_reading(self, tp: TopicPartition) -> bool:
+        """``tp`` is this member's and being read: not revoked, and not paused (held in
+        an outage, or no longer this member's: ``_rejoin``)."""
+        return (
+            tp in self._owned
+            and tp in self.consumer.assignment()
+            and tp not in self.consumer.paused()
+        )
 
     def _raise_failure(self) -> None:
         if self._failure is not None:

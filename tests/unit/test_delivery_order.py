@@ -347,6 +347,35 @@ async def test_a_revocation_waits_for_the_batch_in_hand_to_be_committed() -> Non
     assert runner._owned == set()
 
 
+class _RevokedWhileAsked(_StrayConsumer):
+    """``position`` answered while the group rebalances: TP0 goes to another member."""
+
+    runner: VelocityConsumer | None = None
+
+    async def position(self, tp: TopicPartition) -> int:
+        self.assigned = set()
+        assert self.runner is not None
+        await self.runner.partitions_revoked(frozenset({tp}))
+        return 7
+
+
+async def test_skipped_records_are_not_committed_for_a_partition_revoked_meanwhile() -> None:
+    # While no records come, ``run`` commits positions moved past transaction markers. A
+    # rebalance that revoked the partition while its position was asked for went
+    # unnoticed: the commit went ahead, and under exactly-once it took the partition back
+    # with a new transactional producer, fencing its new owner.
+    consumer = _RevokedWhileAsked()
+    consumer.stray = {}
+    out = _Delivered()
+    runner = _runner(consumer, MemoryStore(), out)
+    consumer.runner = runner
+    runner._owned = {TP0}
+    runner._positions[TP0] = 5  # a batch committed up to 5; the position is past it, at 7
+    await asyncio.wait_for(runner._pass_skipped(), 5)
+    assert TP0 not in runner._owned, "the revocation did not run: nothing was tested"
+    assert out.offsets == []
+
+
 # -- the engine: a conflict after a committed unit -----------------------------------------
 
 
