@@ -537,7 +537,10 @@ class VelocityConsumer:
                     if failures == 1:
                         outage_started = time.monotonic()
                         if pause:
-                            paused = set(self.consumer.assignment())
+                            # not those paused already (``_rejoin``'s lost ones, which
+                            # only the group's next assignment may resume): resuming
+                            # them after the retry had them read and decided again
+                            paused = self.consumer.assignment() - self.consumer.paused()
                             self.consumer.pause(*paused)
                         if not self.stopping:
                             self.health.set(ConsumerState.WAITING, waiting_on=stage)

@@ -301,6 +301,42 @@ async def test_records_fetched_while_a_batch_waits_on_an_outage_are_put_back() -
     assert consumer.held == set()  # resumed after the outage
 
 
+class _LosesTP1Once(Output):
+    """Exactly-once's outcome once another member has taken TP1 over: TP0's transaction
+    committed, TP1's producer fenced. Every later delivery goes through."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def deliver(self, batch: Any, offsets: Any, done: set[TopicPartition]) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            done.add(TP0)
+            raise PartitionLost("TP1: fenced by another member")
+        done.update(batch)
+
+
+async def test_a_partition_lost_to_another_member_stays_paused_through_a_later_retry() -> None:
+    # ``_rejoin`` pauses a lost partition until the group's next assignment. A later
+    # batch's retry (one store outage) paused every partition and then resumed them all,
+    # the lost one too: read and decided again, fencing its new owner batch after batch.
+    consumer = _StrayConsumer()
+    consumer.stray = {}
+    consumer.assigned = {TP0, TP1}
+    store = _FlakyStore()
+    store.fail = 0
+    runner = _runner(consumer, store, _LosesTP1Once())
+    runner._owned = {TP0, TP1}
+    async with runner._batch_lock:
+        await runner._handle({TP0: [_Rec(TP0, 0)], TP1: [_Rec(TP1, 0)]})
+    assert consumer.held == {TP1}
+    store.fail = 1  # the next batch meets an outage before the group assigns again
+    async with runner._batch_lock:
+        await asyncio.wait_for(runner._handle({TP0: [_Rec(TP0, 1)]}), 10)
+    assert store.fail == 0, "no retry: nothing was tested"
+    assert consumer.held == {TP1}
+
+
 # -- a revocation waits for the batch in hand ----------------------------------------------
 
 
