@@ -1284,8 +1284,8 @@ cdef inline bint _small(object value):
 
 def stamp(writes, now, bucket_seconds, event_seconds, latest):
     """``stores.base.stamp``: the expiries as read, then each record's new expiry and
-    life stamps set, for ``Store.commit`` (a record no earlier than the buckets it
-    counted in). Integers past 62 bits (what a damaged store may hold) are worked out
+    life stamps set, for ``Store.commit`` (a record kept the bucket retention past the
+    buckets it counted in). Integers past 62 bits (what a damaged store may hold) are worked out
     with Python's, as there."""
     cdef dict buckets = _WR_BUCKETS.get(writes)
     cdef dict events = _WR_EVENTS.get(writes)
@@ -1325,8 +1325,8 @@ def stamp(writes, now, bucket_seconds, event_seconds, latest):
         if held is None and _R_VERSION.get(record) > 1:
             until = None  # stored before to never expire: it stays so
         else:
-            # never before a bucket it counted in or released from, as this commit
-            # writes it (a lifetime bucket: never)
+            # kept the bucket retention past each bucket it counted in or released
+            # from, as this commit writes it (a lifetime bucket: never expires)
             for bucket_key in _R_BUCKETS.get(record):
                 counted = buckets.get(bucket_key)
                 if counted is None or until is None:
@@ -1334,8 +1334,16 @@ def stamp(writes, now, bucket_seconds, event_seconds, latest):
                 counted_until = _B_EXPIRES_AT.get(counted)
                 if counted_until is None:
                     until = None
-                elif counted_until > until:
-                    until = counted_until
+                    continue
+                if fast and _small(counted_until):
+                    at = <long long>counted_until + c_bucket
+                    kept = at if at < c_latest else c_latest
+                else:
+                    kept = counted_until + bucket_seconds
+                    if kept > latest:
+                        kept = latest
+                if kept > until:
+                    until = kept
         _R_EXPIRES_AT.set(record, until)
         if _R_BORN.get(record) is None:  # a new payment: its buckets are in this commit
             born = []

@@ -129,10 +129,12 @@ def stamp(
     ``Expected``), then each one's new expiry (``latest`` at most) set, and the life
     stamps of new buckets (``now``) and of new payments' records (their buckets').
 
-    An idempotency record expires no earlier than the buckets of this commit that it
-    counted in (or, a reversal, released from), and never if one of them never does (a
-    lifetime bucket) or if it never did: else a resend after the record went would be
-    counted again in a bucket still holding it.
+    An idempotency record expires no earlier than the bucket retention after the buckets
+    of this commit that it counted in (or, a reversal, released from), and never if one
+    of them never does (a lifetime bucket) or if it never did: else a resend after the
+    record went would be counted again in a bucket still holding it. The margin is the
+    clock difference tolerated (above): a record deleted on a clock ahead of a member's
+    is one whose buckets that member reads expired too.
 
     The reference, and what runs without a C compiler; ``handlers._fastcore.stamp`` is
     its compiled twin (on a replay, these loops took ~5% of the time)."""
@@ -156,16 +158,22 @@ def stamp(
         if record.version > 1 and held_events[event_id] is None:
             until = None  # stored before to never expire: it stays so
         else:
-            # never before a bucket it counted in or released from, as this commit
-            # writes it: a resend after the record went would count (or release) again
+            # kept the bucket retention past each bucket it counted in or released
+            # from, as this commit writes it: a resend after the record went would
+            # count (or release) again, and a deleter's clock may run ahead of that of
+            # a member still reading the bucket live
             for bucket_key in record.buckets:
                 counted = buckets.get(bucket_key)
                 if counted is None or until is None:
                     continue
                 if counted.expires_at is None:  # a lifetime bucket: kept for good
                     until = None
-                elif counted.expires_at > until:
-                    until = counted.expires_at
+                else:
+                    kept = counted.expires_at + bucket_seconds
+                    if kept > latest:
+                        kept = latest
+                    if kept > until:
+                        until = kept
         record.expires_at = until
         if record.born is None:  # a new payment: its buckets are in this commit
             record.born = tuple(

@@ -13,7 +13,8 @@ commits at once, ``at(now)`` before its first line and ``commit()`` after its la
 the store's clock. Buckets expire ``bucket_seconds`` after the later of their period's
 end (its local end read as UTC, + 24 h) and the writer's clock; idempotency records
 ``event_seconds`` after the later of their event time and the writer's clock, but never
-before a bucket the same commit wrote that they counted in (or released from); a record
+before ``bucket_seconds`` past a bucket the same commit wrote that they counted in (or
+released from); a record
 stored never to expire stays so. Each life of a bucket is stamped with the clock that began it; a
 reversal releases its payment only from the life it was added to.
 """
@@ -457,13 +458,16 @@ class Model:
             if not new and until is None:
                 continue  # stored never to expire: it stays so
             own = min(max(occurred, self.now) + event_seconds, LATEST_EXPIRY)
-            # never before a bucket this batch wrote that it counted in: a resend after
-            # the record went would count again in a bucket still holding it
+            # the bucket retention past each bucket this batch wrote that it counted in:
+            # a resend after the record went would count again in a bucket still
+            # holding it (the margin: the clock difference tolerated between a deleter
+            # and a member)
             kept = [self.expires[key] for key in counted if key in written]
             if None in kept:
                 until = None  # a lifetime bucket's: kept for good
             else:
-                until = max([own, *(e for e in kept if e is not None)])
+                past = (min(e + bucket_seconds, LATEST_EXPIRY) for e in kept if e is not None)
+                until = max([own, *past])
                 if until > own:
                     self.reached.add("record kept for its bucket")
             self.records[event_id] = (occurred, until, counted)
