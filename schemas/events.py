@@ -190,15 +190,21 @@ def _timestamp(value: object) -> tuple[str, int, int]:
         raise EventRejected(
             DeadLetterError.INVALID_EVENT, f"occurred_at: {value!r} is not an RFC 3339 date-time"
         ) from None
+    except OverflowError:  # a leap second whose UTC or next second is past Python's calendar
+        raise _outside(value) from None
     micros = (moment - _EPOCH) // _MICROSECOND
     if leap:  # the last microsecond of 23:59:59: the same minute, day and year
         micros = micros - micros % 1_000_000 + 999_999
     if not _FIRST_MICROS <= micros < _END_MICROS:
-        raise EventRejected(
-            DeadLetterError.INVALID_EVENT,
-            f"occurred_at: {value!r} is outside 0001-01-02 to 9999-12-30 UTC",
-        )
+        raise _outside(value)
     return value, micros // 1_000_000, micros
+
+
+def _outside(value: str) -> EventRejected:
+    return EventRejected(
+        DeadLetterError.INVALID_EVENT,
+        f"occurred_at: {value!r} is outside 0001-01-02 to 9999-12-30 UTC",
+    )
 
 
 _MICROSECOND: Final = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC) - _EPOCH
@@ -328,7 +334,7 @@ def _twice(text: bytes) -> str:
 
     try:
         top = json.loads(text, object_pairs_hook=pairs)
-    except ValueError:  # not what the json module takes: say it without the name
+    except (ValueError, RecursionError):  # not what the json module takes: say it unnamed
         return "a member name"
     for name, _ in top if isinstance(top, list) else []:
         if name in seen and name not in twice:
@@ -379,6 +385,14 @@ def event_from_dict(doc: dict[str, Any]) -> Event:
     return event
 
 
+def _shown(value: object) -> str:
+    """``repr(value)``, or a word for a container too deep for it."""
+    try:
+        return repr(value)
+    except RecursionError:
+        return f"a {type(value).__name__} nested too deeply"
+
+
 def _checked_event(doc: dict[str, Any]) -> Event:
     """``event_from_dict`` for any object: every check, every rejection and its words.
     ``_common_event`` must agree with it on whatever that one takes."""
@@ -386,19 +400,18 @@ def _checked_event(doc: dict[str, Any]) -> Event:
     account_id = _id(doc, "account_id")
     assert event_id is not None and account_id is not None
     kind_text = doc.get("type", "payment")
-    try:
-        kind = EventType(kind_text)
-    except ValueError:
+    kind = _TYPES.get(kind_text) if type(kind_text) is str else None
+    if kind is None:
         raise EventRejected(
             DeadLetterError.INVALID_EVENT,
-            f"type: must be 'payment' or 'reversal', got {kind_text!r}",
-        ) from None
+            f"type: must be 'payment' or 'reversal', got {_shown(kind_text)}",
+        )
     occurred_at, epoch, micros = _timestamp(doc.get("occurred_at"))
 
     currency = doc.get("currency")
     if currency is not None and (not isinstance(currency, str) or currency not in MINOR_UNITS):
         raise EventRejected(
-            DeadLetterError.INVALID_EVENT, f"currency: {currency!r} is not an ISO 4217 code"
+            DeadLetterError.INVALID_EVENT, f"currency: {_shown(currency)} is not an ISO 4217 code"
         )
     raw_amount = doc.get("amount")
     original_event_id = None

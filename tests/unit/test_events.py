@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -479,6 +480,17 @@ def test_instants_whose_calendar_date_may_leave_years_1_to_9999_are_invalid(text
     assert error.detail.startswith(f"occurred_at: {text!r} ")
 
 
+@pytest.mark.parametrize(
+    "text", ["9999-12-31T23:59:60Z", "9999-12-31T22:59:60-01:00", "0001-01-01T00:59:60+01:00"]
+)
+def test_a_leap_second_at_an_end_of_the_calendar_is_outside_it(text: str) -> None:
+    # checking that a leap second ends its month (UTC) took the second after it, past
+    # Python's calendar: OverflowError, an unexpected error that failed a batch of them
+    error = refused(payment(occurred_at=text))
+    assert error.error is DeadLetterError.INVALID_EVENT
+    assert error.detail == f"occurred_at: {text!r} is outside 0001-01-02 to 9999-12-30 UTC"
+
+
 @pytest.mark.parametrize("text", ["0001-01-02T00:00:00Z", "9999-12-30T23:59:59Z"])
 def test_instants_near_the_ends_of_the_calendar_are_valid(text: str) -> None:
     parse(payment(occurred_at=text))
@@ -652,6 +664,38 @@ def test_a_record_nested_too_deeply_to_decode_is_a_dead_letter_not_a_crash(depth
     for kind in ("array", "object"):
         error = refused(f'{base}, "x": {_nested(depth, kind)}}}')
         assert error.error in (DeadLetterError.INVALID_JSON, DeadLetterError.INVALID_EVENT)
+
+
+def _called_from_deeper(frames: int, call: Callable[[], None]) -> None:
+    if frames:
+        _called_from_deeper(frames - 1, call)
+    else:
+        call()
+
+
+@pytest.mark.parametrize("field", ["type", "currency", "x"])
+@pytest.mark.parametrize("twice", [False, True], ids=["once", "a-member-twice"])
+def test_a_record_nested_just_within_the_decoder_s_reach_is_a_dead_letter(
+    field: str, twice: bool
+) -> None:
+    # The decoder takes a nesting depth that a few more frames of Python cannot: naming
+    # the member given twice (the json module's reader) and showing a deep ``type`` in
+    # the detail raised RecursionError, an unexpected error that failed a batch of them.
+    # Where that depth lies moves with the stack the record is read from: every depth
+    # around it, from stacks of several heights.
+    def read_all() -> None:
+        for depth in range(800, 1_100):
+            for kind in ("array", "object"):
+                doc = payment()
+                doc[field] = "@"
+                text = json.dumps(doc).replace('"@"', _nested(depth, kind))
+                if twice:
+                    text = text[:-1] + ', "card_id": "c1", "card_id": "c2"}'
+                with pytest.raises(EventRejected):
+                    parse_event(text)
+
+    for frames in (0, 40, 120):
+        _called_from_deeper(frames, read_all)
 
 
 @pytest.mark.parametrize(
