@@ -1285,8 +1285,8 @@ cdef inline bint _small(object value):
 def stamp(writes, now, bucket_seconds, event_seconds, latest):
     """``stores.base.stamp``: the expiries as read, then each record's new expiry and
     life stamps set, for ``Store.commit`` (a record kept the bucket retention past the
-    buckets it counted in). Integers past 62 bits (what a damaged store may hold) are worked out
-    with Python's, as there."""
+    buckets it counted in). Integers past 62 bits (what a damaged store may hold) are
+    worked out with Python's, as there."""
     cdef dict buckets = _WR_BUCKETS.get(writes)
     cdef dict events = _WR_EVENTS.get(writes)
     cdef dict held_buckets = lf_dict_of(len(buckets))

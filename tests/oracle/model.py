@@ -14,9 +14,9 @@ the store's clock. Buckets expire ``bucket_seconds`` after the later of their pe
 end (its local end read as UTC, + 24 h) and the writer's clock; idempotency records
 ``event_seconds`` after the later of their event time and the writer's clock, but never
 before ``bucket_seconds`` past a bucket the same commit wrote that they counted in (or
-released from); a record
-stored never to expire stays so. Each life of a bucket is stamped with the clock that began it; a
-reversal releases its payment only from the life it was added to.
+released from); a record stored never to expire stays so. Each life of a bucket is
+stamped with the clock that began it; a reversal releases its payment only from the life
+it was added to.
 """
 
 from __future__ import annotations
