@@ -117,12 +117,14 @@ class Engine:
                     )
                 try:
                     event = parse_event(record.raw)
+                    planned = plan(event)
                 except (EventRejected, MemoryError):
                     raise
                 except Exception as exc:
                     # a defect in reading a record (a number out of Decimal's range once
-                    # raised here): dead-lettered with its bytes, not left to stop the
-                    # consumer on every retry of its batch; the traceback goes to the log
+                    # raised here) or in finding the rules that apply to it: dead-lettered
+                    # with its bytes, not left to stop the consumer on every retry of its
+                    # batch; the traceback goes to the log
                     log.exception("a record could not be read: %s", record.source)
                     unexpected.append(exc)
                     raise EventRejected(
@@ -130,7 +132,7 @@ class Engine:
                         f"could not be read: {type(exc).__name__}: {exc}"
                         " (unexpected: a defect of limitflow, logged)",
                     ) from exc
-                add((index, event, plan(event)))
+                add((index, event, planned))
             except EventRejected as exc:
                 results[index] = Result(
                     record,

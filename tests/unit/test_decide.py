@@ -631,12 +631,14 @@ def test_a_duplicate_carries_its_original_reason_for_the_metrics() -> None:
     ]
 
 
+@pytest.mark.parametrize("stage", ["reading", "planning"])
 def test_a_record_that_reading_fails_on_unexpectedly_is_a_dead_letter_not_a_crash(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, stage: str
 ) -> None:
     # a defect in reading one record (a number out of Decimal's range once raised
     # InvalidOperation here) stopped replay, and `run` on every retry of its batch: the
-    # record is dead-lettered with its bytes, the rest of the batch decided
+    # record is dead-lettered with its bytes, the rest of the batch decided. Likewise a
+    # defect in finding the rules that apply to it, which failed the whole batch.
     from schemas.events import parse_event as real
 
     def flawed(raw: bytes | str) -> Any:
@@ -644,8 +646,19 @@ def test_a_record_that_reading_fails_on_unexpectedly_is_a_dead_letter_not_a_cras
             raise ArithmeticError("a reader's defect")
         return real(raw)
 
-    monkeypatch.setattr("streams.engine.parse_event", flawed)
-    engine = Engine(Decider(parse_rules(RULES)), MemoryStore())
+    decider = Decider(parse_rules(RULES))
+    real_plan = decider.plan
+
+    def flawed_plan(event: Any) -> Any:
+        if event.event_id == "poison":
+            raise ArithmeticError("a reader's defect")
+        return real_plan(event)
+
+    if stage == "reading":
+        monkeypatch.setattr("streams.engine.parse_event", flawed)
+    else:
+        monkeypatch.setattr(decider, "plan", flawed_plan)
+    engine = Engine(decider, MemoryStore())
     lines = [pay("e1", "10.00"), pay("poison", "10.00"), pay("e2", "20.00")]
     with caplog.at_level("ERROR", logger="limitflow.engine"):
         results = asyncio.run(
