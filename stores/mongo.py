@@ -126,9 +126,13 @@ class MongoStore(Store):
         super().__init__(retention, clock=clock)
         self.client = client
         self.database_name = database
+        # reads see only what a majority holds: a local read may see a transaction
+        # that a failover then rolls back, and answer a resend with its verdict, which
+        # the retried batch may then decide otherwise
         self._db: AsyncDatabase[Document] = client.get_database(
             database,
             read_preference=ReadPreference.PRIMARY,
+            read_concern=ReadConcern("majority"),
             write_concern=WriteConcern("majority"),
         )
         self._owns_client = owns_client
@@ -427,6 +431,13 @@ def split_url(url: str) -> tuple[str, str]:
             raise ConfigError(
                 f"{redacted(url)}: w={unquote(value)}: limitflow always writes with"
                 " w=majority (its transactions need it); remove the option"
+            )
+        if unquote(name).lower() == "readconcernlevel" and unquote(value) != "majority":
+            # likewise overridden: reads see only what a failover cannot roll back
+            raise ConfigError(
+                f"{redacted(url)}: readConcernLevel={unquote(value)}: limitflow always"
+                " reads with readConcernLevel=majority (what a failover cannot roll"
+                " back); remove the option"
             )
     # the options as written, limitflow's taken out: encoding them again would turn
     # readPreferenceTags=dc:ny into dc%3Any, which the driver refuses

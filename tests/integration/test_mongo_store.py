@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, monitoring
 from pymongo.errors import OperationFailure
 
 from handlers.state import Account, Bucket, EventRecord, Keys, Writes
@@ -235,6 +235,47 @@ async def test_records_round_trip(store: MongoStore) -> None:
     snapshot.buckets["b-day"].count = 99
     again = await store.load(Keys(buckets={"b-day"}))
     assert again.buckets["b-day"].count == 2
+
+
+class _Commands(monitoring.CommandListener):
+    """The commands a client sends, as the server receives them."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.sent.append(dict(event.command))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+@pytest.mark.integration
+async def test_reads_see_only_what_a_majority_of_the_replica_set_holds(mongo_uri: str) -> None:
+    # a read at the default read concern (local) may see a batch's transaction that a
+    # failover then rolls back: a resend answered with its verdict, which the retried
+    # batch may decide otherwise (found in review)
+    commands = _Commands()
+    database = fresh_database()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        mongo_uri, event_listeners=[commands]
+    )
+    store = MongoStore(client, database)
+    try:
+        await store.init()
+        await store.commit(Writes(events={"e1": record("e1")}))
+        commands.sent.clear()
+        snapshot = await store.load(Keys(buckets={"b"}, accounts={"a"}, events={"e1"}))
+        assert set(snapshot.events) == {"e1"}
+        finds = [c for c in commands.sent if "find" in c]
+        assert finds, commands.sent
+        assert all(c.get("readConcern") == {"level": "majority"} for c in finds), finds
+    finally:
+        await client.drop_database(database)
+        await client.close()
 
 
 @pytest.mark.integration

@@ -41,6 +41,19 @@ def test_a_write_concern_limitflow_would_override_is_refused() -> None:
     assert split_url(f"mongodb://h:1/{'a' * 63}")[1] == "a" * 63
 
 
+def test_a_read_concern_limitflow_would_override_is_refused() -> None:
+    # every read goes through a handle with read concern majority, as w above
+    import pytest
+
+    from limitflow.errors import ConfigError
+    from stores.mongo import split_url
+
+    for option in ("readConcernLevel=local", "readconcernlevel=majorty"):
+        with pytest.raises(ConfigError, match="always reads with readConcernLevel=majority"):
+            split_url(f"mongodb://h:1/lf?{option}")
+    assert split_url("mongodb://h:1/lf?readConcernLevel=majority")[1] == "lf"
+
+
 def test_a_refused_login_says_where_the_password_comes_from() -> None:
     # was: "MongoDB refused the request: Authentication failed., full error: {…}"
     from pymongo.errors import OperationFailure
