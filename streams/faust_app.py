@@ -51,8 +51,13 @@ from handlers.decide import Decider
 from limitflow.errors import ConfigError, LimitflowError
 from limitflow.settings import (
     DEFAULT_STORE,
+    GROUPS,
     METADATA_MAX_AGE_MS,
+    Guarantee,
     KafkaSecurity,
+    KafkaSettings,
+    RunSettings,
+    TopicSettings,
     check_bootstrap,
     check_compression,
     check_group,
@@ -104,6 +109,9 @@ class FaustSettings:
     (faust itself fixes 1,500 ms, which a broker like tansu adds to an event's latency)."""
     partitions: int = 6
     """Partitions of topics the app creates when they are missing."""
+    replication_factor: int = 1
+    """Replication factor of topics the app creates when they are missing, as for
+    ``limitflow topics create`` (faust's own default, 1, was the only one)."""
     session_timeout_ms: int = 10_000
     request_timeout_ms: int = 30_000
     """As for ``limitflow run``: a publish the brokers have not acknowledged by then is
@@ -121,6 +129,15 @@ class FaustSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> FaustSettings:
         """Settings from ``LIMITFLOW_*`` variables over the defaults."""
+        guarantee = env.get(env_name("guarantee"), Guarantee.AT_LEAST_ONCE)
+        if guarantee != Guarantee.AT_LEAST_ONCE:
+            # a setting of `run`'s the app has not: ignored, it left an operator who set
+            # it believing in exactly-once
+            raise ConfigError(
+                f"{env_name('guarantee')}={guarantee}: the faust app publishes at least"
+                " once only (docs/faust.md); exactly-once is `limitflow run --guarantee"
+                " exactly-once`"
+            )
         settings = dataclasses.replace(load_env_settings(cls, env), security=load_security({}, env))
         # the checks of `limitflow run`'s settings, for the same variables
         check_bootstrap(settings.bootstrap_servers)
@@ -131,6 +148,7 @@ class FaustSettings:
             "max_message_bytes",
             "fetch_max_wait_ms",
             "partitions",
+            "replication_factor",
             "session_timeout_ms",
             "request_timeout_ms",
             "retry_initial_ms",
@@ -143,6 +161,19 @@ class FaustSettings:
         if not 0 <= settings.web_port <= 65_535:
             raise ConfigError(f"web_port ({env_name('web_port')}) must be 0..65535")
         return settings
+
+
+def run_only_variables(env: Mapping[str, str]) -> list[str]:
+    """``LIMITFLOW_*`` variables of ``limitflow run``'s settings that the app has not (a
+    shared environment may set them for both): ignored here."""
+    fields = [
+        (cls is FaustSettings or cls is KafkaSecurity, env_name(spec.name))
+        for cls in (FaustSettings, KafkaSecurity, KafkaSettings, RunSettings, TopicSettings)
+        for spec in dataclasses.fields(cls)
+        if spec.name not in GROUPS
+    ]
+    own = {name for ours, name in fields if ours} | {env_name("guarantee")}  # checked
+    return sorted({name for _, name in fields if name in env and name not in own})
 
 
 def source_of(event: EventT[Any]) -> Record:
@@ -510,6 +541,7 @@ def build_app(settings: FaustSettings, rules: RuleSet | None = None) -> faust.Ap
         store="memory://",
         topic_disable_leader=True,
         topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
         consumer_auto_offset_reset="earliest",
         # as `limitflow run`'s: partitions added to the input topic waited 5 minutes
         consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
@@ -598,6 +630,10 @@ def __getattr__(name: str) -> Any:
             raise SystemExit(exc.code) from None
         for variable in unknown_variables(os.environ):
             log.warning("%s is not a limitflow setting: ignored (misspelt?)", variable)
+        for variable in run_only_variables(os.environ):
+            log.warning(
+                "%s is a setting of `limitflow run`, not of the faust app: ignored", variable
+            )
         globals()["app"] = app
         return app
     raise AttributeError(name)

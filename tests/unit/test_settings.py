@@ -213,6 +213,7 @@ def test_faust_settings_come_from_the_same_loader() -> None:
         ("INPUT_TOPIC", ""),
         ("GROUP_ID", ""),
         ("RETRY_MAX_MS", "100"),
+        ("REPLICATION_FACTOR", "0"),
     ],
 )
 def test_faust_settings_are_checked_as_run_settings_are(name: str, value: str) -> None:
@@ -240,6 +241,54 @@ def _faust_env(
     if store is not None:
         env["LIMITFLOW_STORE"] = store
     return env
+
+
+def test_the_faust_app_refuses_exactly_once_rather_than_ignore_it() -> None:
+    # a setting of `run`'s, which the app ignored without a word: an operator who set it
+    # for a worker (a compose file shared by both, say) believed its output exactly-once
+    from streams.faust_app import FaustSettings, run_only_variables
+
+    env = {"LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092", "LIMITFLOW_RULES": "r.yaml"}
+    with pytest.raises(ConfigError) as refused:
+        FaustSettings.from_env({**env, "LIMITFLOW_GUARANTEE": "exactly-once"})
+    assert str(refused.value) == (
+        "LIMITFLOW_GUARANTEE=exactly-once: the faust app publishes at least once only"
+        " (docs/faust.md); exactly-once is `limitflow run --guarantee exactly-once`"
+    )
+    FaustSettings.from_env({**env, "LIMITFLOW_GUARANTEE": "at-least-once"})
+    shared = {
+        **env,
+        "LIMITFLOW_GUARANTEE": "at-least-once",
+        "LIMITFLOW_HTTP_PORT": "8080",
+        "LIMITFLOW_SHUTDOWN_GRACE_MS": "20000",
+        "LIMITFLOW_REPLICATION_FACTOR": "3",
+        "LIMITFLOW_SSL_CAFILE": "/ca.pem",
+        "LIMITFLOW_WEB_PORT": "6066",
+    }
+    assert run_only_variables(shared) == ["LIMITFLOW_HTTP_PORT", "LIMITFLOW_SHUTDOWN_GRACE_MS"]
+
+
+def test_the_faust_app_creates_missing_topics_with_the_replication_factor_set(
+    tmp_path: Path,
+) -> None:
+    # faust's own default, 1, was the only one: on a cluster, the verdict and dead-letter
+    # topics the app made for itself had a single replica, one broker's loss away from
+    # losing verdicts. In a subprocess: a faust app changes process-wide state.
+    env = {**_faust_env(tmp_path, f"sqlite:///{tmp_path / 'x.db'}")}
+    env["LIMITFLOW_REPLICATION_FACTOR"] = "3"
+    env["LIMITFLOW_HTTP_PORT"] = "8080"  # `run`'s: said to be ignored
+    shown = subprocess.run(
+        [*_FAUST_APP[:-1], _FAUST_APP[-1] + "; print(m.app.conf.topic_replication_factor)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert shown.stdout.split() == ["3"]
+    assert "LIMITFLOW_HTTP_PORT is a setting of `limitflow run`, not of the faust app" in (
+        shown.stderr
+    )
 
 
 def test_a_faust_worker_with_a_bad_setting_says_so_in_one_line(tmp_path: Path) -> None:
