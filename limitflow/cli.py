@@ -163,6 +163,10 @@ class _Outputs:
     def __init__(self, output: str, dead_letter: str) -> None:
         self._fds: dict[str, int] = {}
         self._made: list[tuple[str, os.stat_result]] = []
+        if sys.stdout is None and "-" in (output, dead_letter):
+            # found only once the replay started: the other output emptied by then, and
+            # the store made and the rules' meanings kept in it
+            raise CommandFailed("cannot use -: standard output is closed", EXIT_USAGE)
         try:
             for path in (output, dead_letter):
                 if path != "-" and path not in self._fds:
@@ -206,7 +210,13 @@ class _Outputs:
             if path == "-":
                 handle = files.enter_context(_open_binary(path, "wb"))
                 with contextlib.suppress(OSError, ValueError):  # a stream with no file
-                    opened[os.fstat(handle.fileno())] = handle
+                    found = os.fstat(handle.fileno())
+                    # the other output's file (``--output F --dead-letter - > F``): each
+                    # written from its own offset, one overwrote the other's lines
+                    handle = next(
+                        (h for f, h in opened.items() if os.path.samestat(f, found)), handle
+                    )
+                    opened[found] = handle
                 handles.append(handle)
                 continue
             fd = fds.pop(path, None)

@@ -427,20 +427,27 @@ def test_one_file_reached_two_ways_is_still_one_file(tmp_path: Path, rules: Path
     expected = ["invalid_json", "p1", "invalid_event", "p2"]
     lines = jsonl((tmp_path / "d1" / "all.jsonl").read_bytes())
     assert [d.get("error") or d["event_id"] for d in lines] == expected
-    with open(tmp_path / "out.jsonl", "wb") as out:
-        subprocess.run(
-            [
-                *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
-                *("--input", str(source), "--output", "-", "--dead-letter", "/dev/stdout"),
-                *("--store", "memory://"),
-            ],
-            stdout=out,
-            check=True,
-            cwd=tmp_path,
-            timeout=120,
-        )
-    lines = jsonl((tmp_path / "out.jsonl").read_bytes())
-    assert [d.get("error") or d["event_id"] for d in lines] == expected
+    # either way round, and standard output redirected to the output named: with - the
+    # second, each was written from its own offset and one overwrote the other's lines
+    for output, dead_letter in (
+        ("-", "/dev/stdout"),
+        ("/dev/stdout", "-"),
+        ("out.jsonl", "-"),
+    ):
+        with open(tmp_path / "out.jsonl", "wb") as out:
+            subprocess.run(
+                [
+                    *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
+                    *("--input", str(source), "--output", output, "--dead-letter", dead_letter),
+                    *("--store", "memory://"),
+                ],
+                stdout=out,
+                check=True,
+                cwd=tmp_path,
+                timeout=120,
+            )
+        lines = jsonl((tmp_path / "out.jsonl").read_bytes())
+        assert [d.get("error") or d["event_id"] for d in lines] == expected, (output, dead_letter)
 
 
 def test_stdin_redirected_from_the_output_file_is_refused(tmp_path: Path, rules: Path) -> None:
@@ -1671,6 +1678,34 @@ def test_a_closed_standard_input_is_one_line(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert one_line_reason(result) == "limitflow: cannot use -: standard input is closed"
+
+
+def test_a_closed_standard_output_is_refused_before_anything_is_touched(
+    tmp_path: Path,
+) -> None:
+    # found only once the replay started: the other output (an existing file) emptied,
+    # the sqlite store made and the rules' meanings kept in it
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    source = write(tmp_path / "in.jsonl", [pay("p1")])
+    write(tmp_path / "kept.jsonl", ["what was there"])
+    for output, dead_letter in (("kept.jsonl", "-"), ("-", "new.jsonl")):
+        result = subprocess.run(
+            [
+                *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
+                *("--input", str(source), "--output", output, "--dead-letter", dead_letter),
+                *("--store", "sqlite:///state.db"),
+            ],
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+            timeout=60,
+            check=False,
+            preexec_fn=lambda: os.close(1),  # closes stdout, in the child only
+        )
+        assert result.returncode == 2
+        assert one_line_reason(result) == "limitflow: cannot use -: standard output is closed"
+        assert (tmp_path / "kept.jsonl").read_text() == "what was there\n"
+        assert not (tmp_path / "new.jsonl").exists()
+        assert not (tmp_path / "state.db").exists()
 
 
 def test_a_rules_file_of_nested_aliases_is_refused_at_once(tmp_path: Path) -> None:
