@@ -419,7 +419,12 @@ def check_bootstrap(servers: str) -> None:
     made aiokafka fall back to localhost:9092, another broker than the one named)."""
     for host_port in servers.split(","):
         host, sep, port = host_port.strip().rpartition(":")
-        if not sep or not host or not port.isdigit():
+        # a port past 65535 reached the socket's connect(): a traceback, not one line
+        if (
+            not sep
+            or not host
+            or not (port.isascii() and port.isdigit() and 0 < int(port) < 65_536)
+        ):
             raise ConfigError(
                 f"bootstrap_servers ({env_name('bootstrap_servers')}): expected"
                 f" HOST:PORT[,HOST:PORT…], got {servers!r}"
@@ -484,6 +489,13 @@ def load_run_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> RunS
     check_positive("max_message_bytes", kafka.max_message_bytes)
     if not 0 <= settings.http_port <= 65_535:
         raise ConfigError(f"http_port ({env_name('http_port')}) must be 0..65535")
+    if not settings.http_host:
+        # asyncio takes an empty host for every interface: a blank template variable
+        # put /metrics before the whole network instead of 127.0.0.1
+        raise ConfigError(
+            f"http_host ({env_name('http_host')}) must name an address (0.0.0.0 for every"
+            " interface)"
+        )
     if settings.log_format not in ("json", "text"):
         raise ConfigError(f"log_format ({env_name('log_format')}) must be json or text")
     if settings.log_level.upper() not in LOG_LEVELS:

@@ -114,6 +114,13 @@ def test_missing_settings_name_flag_and_variable() -> None:
         ("group_id", ""),
         ("group_id", " "),
         ("retry_max_ms", "100"),  # below retry_initial_ms (200)
+        # reached the socket's connect(): `run` ended in an OverflowError traceback
+        ("bootstrap_servers", "127.0.0.1:70000"),
+        ("bootstrap_servers", "127.0.0.1:0"),
+        ("bootstrap_servers", "127.0.0.1:\u0669\u0660\u0669\u0662"),  # Arabic-Indic digits
+        # asyncio takes an empty host for every interface: /metrics on the network
+        ("http_host", ""),
+        ("http_host", " "),
     ],
 )
 def test_bad_values_are_config_errors(name: str, value: str) -> None:
