@@ -278,6 +278,7 @@ def _refuse_store_outputs(args: argparse.Namespace) -> None:
 async def _replay(args: argparse.Namespace) -> int:
     # its handlers stay until ``main`` has the exit code (see ``_Signals.active``)
     signals = _Signals.active = _Signals()
+    signals._install()  # before the rules are read: a large file takes seconds
     return await _replay_with(args, signals)
 
 
@@ -454,6 +455,10 @@ class _Signals:
         self.stop = Interruption()
         self.over = False
         """Set once the replay is over: a first signal then is only noted."""
+        self.starting = True
+        """Until the store opens (the rules read, the outputs opened, not emptied): a
+        first signal stops at once, nothing decided or written. The default action ended
+        the process with 143, without a word."""
         self._before: dict[int, Any] = {}
         self._opening: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         """While the store opens (its servers may be waited for): a first signal sets
@@ -468,6 +473,7 @@ class _Signals:
         self._install()
         stopped = asyncio.Event()
         self._opening = asyncio.get_running_loop(), stopped
+        self.starting = False
         try:
             return await store_unless_stopped(
                 url,
@@ -487,6 +493,7 @@ class _Signals:
 
     def __enter__(self) -> _Signals:
         self._install()
+        self.starting = False
         return self
 
     def _handle(self, signum: int, _frame: object) -> None:
@@ -500,6 +507,12 @@ class _Signals:
         if self.over:
             say(f"limitflow: {name}: the replay is over; finishing (again to stop at once)")
             return
+        if self.starting:
+            say(
+                f"limitflow: {name}: stopped before the replay started: nothing was decided"
+                " or written"
+            )
+            raise KeyboardInterrupt
         if self._opening is not None:
             say(f"limitflow: {name}: stopping before the replay starts (again to stop at once)")
             loop, stopped = self._opening

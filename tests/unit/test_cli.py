@@ -1990,6 +1990,10 @@ def test_a_replay_waiting_for_its_store_stops_on_a_signal_and_writes_nothing(
 ) -> None:
     # the replay's handlers came only once the store was open: a SIGTERM meanwhile ended
     # it by the default action, 143 and not a word, where a replay stopped says so, 130
+    import pymongo
+
+    if not pymongo.has_c():
+        pytest.skip("waits for pymongo's compiled module to show the store is opening")
     source = write(tmp_path / "events.jsonl", [pay("e1")])
     err = tmp_path / "stderr"
     with open(err, "wb") as sink:
@@ -2005,10 +2009,12 @@ def test_a_replay_waiting_for_its_store_stops_on_a_signal_and_writes_nothing(
             stderr=sink,
         )
     deadline = time.monotonic() + 60
-    # its handlers of both come as the store opens (Python's own catches SIGINT before)
-    while not catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+    maps = Path(f"/proc/{proc.pid}/maps")
+    # the MongoDB store is imported when it is opened
+    while b"pymongo" not in maps.read_bytes() and time.monotonic() < deadline:
         assert proc.poll() is None, err.read_text(errors="replace")
         time.sleep(0.01)
+    assert b"pymongo" in maps.read_bytes(), "the store was never opened"
     time.sleep(0.5)  # into the wait for the server
     proc.send_signal(sig)
     code, log = _stopped(proc, err)
@@ -2018,6 +2024,47 @@ def test_a_replay_waiting_for_its_store_stops_on_a_signal_and_writes_nothing(
     assert "stopped before the replay started: nothing was decided or written" in log
     assert "Traceback" not in log
     assert not (tmp_path / "v.jsonl").exists() and not (tmp_path / "d.jsonl").exists()
+
+
+@needs_proc
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_replay_reading_its_rules_stops_on_a_signal_at_once(tmp_path: Path, sig: int) -> None:
+    # the handlers came only as the store opened, after the rules were read (seconds for
+    # a large file): a SIGTERM meanwhile ended the replay with 143 and not a word. Here
+    # the rules are a named pipe no one writes to, so the signal finds the read waiting.
+    source = write(tmp_path / "events.jsonl", [pay("e1")])
+    os.mkfifo(tmp_path / "rules.yaml")
+    err = tmp_path / "stderr"
+    with open(err, "wb") as sink:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "limitflow", "replay", "--rules", "rules.yaml"),
+                *("--input", str(source), "--output", "v.jsonl", "--dead-letter", "d.jsonl"),
+                *("--store", "sqlite:///state.db"),
+            ],
+            cwd=tmp_path,
+            stdout=sink,
+            stderr=sink,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+            assert proc.poll() is None, err.read_text(errors="replace")
+            time.sleep(0.01)
+        time.sleep(0.2)  # into the read of the rules
+        proc.send_signal(sig)
+        code = proc.wait(15)
+    finally:
+        proc.kill()
+        proc.wait()
+    log = err.read_text(errors="replace")
+    assert code == 130, log
+    name = signal.Signals(sig).name
+    assert log == (
+        f"limitflow: {name}: stopped before the replay started: nothing was decided or written\n"
+    )
+    made = {p.name for p in tmp_path.iterdir()} - {"events.jsonl", "rules.yaml", "stderr"}
+    assert not made
 
 
 @needs_proc
