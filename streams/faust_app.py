@@ -129,10 +129,10 @@ class FaustSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> FaustSettings:
         """Settings from ``LIMITFLOW_*`` variables over the defaults."""
-        guarantee = env.get(env_name("guarantee"), Guarantee.AT_LEAST_ONCE)
+        guarantee = env.get(env_name("guarantee"), Guarantee.AT_LEAST_ONCE).strip()
         if guarantee != Guarantee.AT_LEAST_ONCE:
-            # a setting of `run`'s the app has not: ignored, it left an operator who set
-            # it believing in exactly-once
+            # a setting of `run`'s, which the app has not: ignored, it let an operator who
+            # set it believe the output exactly-once
             raise ConfigError(
                 f"{env_name('guarantee')}={guarantee}: the faust app publishes at least"
                 " once only (docs/faust.md); exactly-once is `limitflow run --guarantee"
