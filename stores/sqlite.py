@@ -750,10 +750,11 @@ def _translate(exc: sqlite3.Error, path: str) -> Exception:
     text = f"{exc}{_disk(exc, path)}"
     if "no such table" in text:
         return StoreNotInitialized("SQLite tables are missing")
+    # which file, for these two: an operator with several stores could not tell
     if type(exc) is sqlite3.DatabaseError:  # "malformed", "not a database": no retry helps
-        return StoreRejected(f"SQLite: {text} (the file is damaged or not a database)")
+        return StoreRejected(f"SQLite {path}: {text} (the file is damaged or not a database)")
     if "no such column" in text:  # another program's tables of the same names
-        return StoreRejected(f"SQLite: {text} (the file's tables are not limitflow's)")
+        return StoreRejected(f"SQLite {path}: {text} (the file's tables are not limitflow's)")
     return StoreUnavailable(f"SQLite: {text}")
 
 

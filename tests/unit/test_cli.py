@@ -609,6 +609,7 @@ def test_a_sqlite_file_of_another_program_with_the_same_table_names_is_refused(
     assert result.returncode == 3
     reason = one_line_reason(result)
     assert "no such column" in reason and "the file's tables are not limitflow's" in reason
+    assert "SQLite other.db: " in reason
 
 
 @pytest.mark.parametrize(
@@ -1652,6 +1653,7 @@ def test_a_damaged_sqlite_store_is_one_line_and_exit_3(tmp_path: Path) -> None:
     result = limitflow(*args, cwd=tmp_path)
     assert result.returncode == 3
     assert "damaged or not a database" in one_line_reason(result)
+    assert f"SQLite {tmp_path / 'state.db'}: " in one_line_reason(result)  # which file
     # damage further in is found when the store first reads it: the same
     assert limitflow(*args[:-1], f"sqlite:///{tmp_path / 'other.db'}", cwd=tmp_path).returncode == 0
     with open(tmp_path / "other.db", "r+b") as db:

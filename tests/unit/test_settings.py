@@ -316,7 +316,9 @@ def test_a_faust_worker_whose_store_is_unusable_says_so_in_one_line(tmp_path: Pa
     worker = subprocess.run(_FAUST_APP, env=env, capture_output=True, check=False, timeout=60)
     assert worker.returncode == 3
     (line,) = worker.stderr.decode().strip().splitlines()
-    assert line.startswith("limitflow: store: SQLite: file is not a database")
+    assert line.startswith(
+        f"limitflow: store: SQLite {tmp_path / 'other.db'}: file is not a database"
+    )
 
 
 @needs_proc
