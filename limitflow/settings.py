@@ -392,15 +392,21 @@ GROUPS: Final = ("kafka", "security")
 variable is read for them."""
 
 
-def unknown_variables(env: Mapping[str, str]) -> list[str]:
-    """``LIMITFLOW_*`` variables that no limitflow setting is read from: a misspelt one
-    (``LIMITFLOW_GUARANTE=exactly-once``) was ignored without a word."""
-    known = {
+def setting_variables(*classes: type[Any]) -> set[str]:
+    """The ``LIMITFLOW_*`` variable of each setting of the dataclasses ``classes`` (not of
+    their groups of settings)."""
+    return {
         env_name(spec.name)
-        for cls in (KafkaSettings, KafkaSecurity, RunSettings, TopicSettings)
+        for cls in classes
         for spec in dataclasses.fields(cls)
         if spec.name not in GROUPS
     }
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """``LIMITFLOW_*`` variables that no limitflow setting is read from: a misspelt one
+    (``LIMITFLOW_GUARANTE=exactly-once``) was ignored without a word."""
+    known = setting_variables(KafkaSettings, KafkaSecurity, RunSettings, TopicSettings)
     known.update(env_name(name) for name in (*FAUST_ONLY, *TEST_VARIABLES, STORE_PASSWORD))
     return sorted(name for name in env if name.startswith(ENV_PREFIX) and name not in known)
 

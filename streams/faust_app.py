@@ -51,7 +51,6 @@ from handlers.decide import Decider
 from limitflow.errors import ConfigError, LimitflowError
 from limitflow.settings import (
     DEFAULT_STORE,
-    GROUPS,
     METADATA_MAX_AGE_MS,
     Guarantee,
     KafkaSecurity,
@@ -67,6 +66,7 @@ from limitflow.settings import (
     env_name,
     load_env_settings,
     load_security,
+    setting_variables,
     tls_context,
     unknown_variables,
 )
@@ -166,14 +166,9 @@ class FaustSettings:
 def run_only_variables(env: Mapping[str, str]) -> list[str]:
     """``LIMITFLOW_*`` variables of ``limitflow run``'s settings that the app has not (a
     shared environment may set them for both): ignored here."""
-    fields = [
-        (cls is FaustSettings or cls is KafkaSecurity, env_name(spec.name))
-        for cls in (FaustSettings, KafkaSecurity, KafkaSettings, RunSettings, TopicSettings)
-        for spec in dataclasses.fields(cls)
-        if spec.name not in GROUPS
-    ]
-    own = {name for ours, name in fields if ours} | {env_name("guarantee")}  # checked
-    return sorted({name for _, name in fields if name in env and name not in own})
+    own = setting_variables(FaustSettings, KafkaSecurity) | {env_name("guarantee")}  # checked
+    runs = setting_variables(KafkaSettings, RunSettings, TopicSettings)
+    return sorted(name for name in runs - own if name in env)
 
 
 def source_of(event: EventT[Any]) -> Record:

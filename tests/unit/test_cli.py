@@ -2048,18 +2048,13 @@ def test_a_replay_reading_its_rules_stops_on_a_signal_at_once(tmp_path: Path, si
             stdout=sink,
             stderr=sink,
         )
-    try:
-        deadline = time.monotonic() + 60
-        while not catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
-            assert proc.poll() is None, err.read_text(errors="replace")
-            time.sleep(0.01)
-        time.sleep(0.2)  # into the read of the rules
-        proc.send_signal(sig)
-        code = proc.wait(15)
-    finally:
-        proc.kill()
-        proc.wait()
-    log = err.read_text(errors="replace")
+    deadline = time.monotonic() + 60
+    while not catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+        assert proc.poll() is None, err.read_text(errors="replace")
+        time.sleep(0.01)
+    time.sleep(0.2)  # into the read of the rules
+    proc.send_signal(sig)
+    code, log = _stopped(proc, err)
     assert code == 130, log
     name = signal.Signals(sig).name
     assert log == (

@@ -281,7 +281,7 @@ def test_the_faust_app_creates_missing_topics_with_the_replication_factor_set(
     # faust's own default, 1, was the only one: on a cluster, the verdict and dead-letter
     # topics the app made for itself had a single replica, one broker's loss away from
     # losing verdicts. In a subprocess: a faust app changes process-wide state.
-    env = {**_faust_env(tmp_path, f"sqlite:///{tmp_path / 'x.db'}")}
+    env = _faust_env(tmp_path, f"sqlite:///{tmp_path / 'x.db'}")
     env["LIMITFLOW_REPLICATION_FACTOR"] = "3"
     env["LIMITFLOW_HTTP_PORT"] = "8080"  # `run`'s: said to be ignored
     shown = subprocess.run(
