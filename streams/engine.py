@@ -108,6 +108,9 @@ class Engine:
         plan = self.decider.plan
         add = pending.append
         unexpected: list[Exception] = []
+        refused: dict[int, EventRejected] = {}
+        """Events whose rules refuse them (a field a rule scopes by that cannot key a
+        bucket): dead letters, unless a duplicate (``_decide_and_commit``)."""
         for index, record in enumerate(records):
             try:
                 if record.null:
@@ -117,7 +120,15 @@ class Engine:
                     )
                 try:
                     event = parse_event(record.raw)
-                    planned = plan(event)
+                    try:
+                        planned = plan(event)
+                    except EventRejected as exc:
+                        # the rules, not the event, may have changed since it was decided:
+                        # a resend gets its stored verdict (a rule scoping by a field it
+                        # sends as an object, added since, dead-lettered a redelivered
+                        # event whose verdict was published already)
+                        refused[index] = exc
+                        planned = ()
                 except (EventRejected, MemoryError):
                     raise
                 except Exception as exc:
@@ -152,7 +163,7 @@ class Engine:
         attempt = 0
         while pending:
             try:
-                pending = await self._decide_and_commit(records, pending, results)
+                pending = await self._decide_and_commit(records, pending, results, refused)
             except ConflictError as exc:
                 attempt += 1
                 self.stats.conflicts += 1
@@ -175,6 +186,7 @@ class Engine:
         records: Sequence[Record],
         pending: list[tuple[int, Event, tuple[Applied, ...]]],
         results: list[Result | None],
+        refused: dict[int, EventRejected],
     ) -> list[tuple[int, Event, tuple[Applied, ...]]]:
         """Decide and commit ``pending``; on conflict, raise after keeping committed units.
 
@@ -196,17 +208,28 @@ class Engine:
         unit_start = 0
         unit: list[tuple[int, Outcome, Event]] = []
         for position, (index, event, plan) in enumerate(pending):
-            # a duplicate gets its verdict again even if the rules grew too wide since
-            too_wide = len(plan) > self.max_applicable and state.event(event.event_id) is None
+            # a duplicate gets its verdict again even if the rules grew too wide since, or
+            # came to refuse it
+            seen = state.event(event.event_id) is not None
+            too_wide = len(plan) > self.max_applicable and not seen
+            refusal = None if seen else refused.get(index)
             if (
                 limit is not None
                 and unit
                 and not too_wide
+                and refusal is None
                 and state.pending + decider.records_needed(event, plan, state) > limit
             ):
                 await self._commit(state, unit, records, results, pending, unit_start)
                 unit, unit_start = [], position
-            outcome = self._too_wide(plan) if too_wide else decider.decide(event, plan, state)
+            if refusal is not None:
+                outcome = Outcome(
+                    OutcomeKind.DEAD_LETTER, None, None, None, refusal.error, refusal.detail
+                )
+            elif too_wide:
+                outcome = self._too_wide(plan)
+            else:
+                outcome = decider.decide(event, plan, state)
             unit.append((index, outcome, event))
         await self._commit(state, unit, records, results, pending, unit_start)
         return []

@@ -748,3 +748,28 @@ def test_an_event_too_many_rules_apply_to_is_dead_lettered_without_reading_its_b
     # decided before the rules grew: still its verdict, as its own record says
     assert (duplicate.kind, duplicate.verdict) == (OutcomeKind.DUPLICATE, decided[0].verdict)
     assert store.buckets == [set()]
+
+
+def test_a_resend_gets_its_verdict_after_a_rule_came_to_refuse_its_fields() -> None:
+    # a rule scoping by a field the event sends as an object, added since it was decided:
+    # its redelivery (at least once) was dead-lettered, its verdict published already,
+    # so that one input record reached both outputs
+    store = MemoryStore()
+    before = "rules:\n  - {id: day, window: day, max_count: 5}\n"
+    after = before + "  - {id: by-shop, scope: shop, window: day, max_count: 5}\n"
+    line = pay("p1", "10.00", shop={"name": "x"})
+    decided = asyncio.run(
+        Engine(Decider(parse_rules(before)), store).process([Record(line.encode(), {})])
+    )
+    assert decided[0].kind is OutcomeKind.VERDICT
+    lines = [pay("p2", "10.00", shop={"name": "x"}), line, pay("p1", "11.00", shop={"name": "x"})]
+    dead, duplicate, conflict = asyncio.run(
+        Engine(Decider(parse_rules(after)), store).process(
+            [Record(x.encode(), {"line": n}) for n, x in enumerate(lines)]
+        )
+    )
+    assert (dead.kind, dead.error) == (OutcomeKind.DEAD_LETTER, "invalid_event")
+    assert dead.event_id == "p2"
+    assert "shop: a rule scopes by this field" in (dead.detail or "")
+    assert (duplicate.kind, duplicate.verdict) == (OutcomeKind.DUPLICATE, decided[0].verdict)
+    assert (conflict.kind, conflict.error) == (OutcomeKind.DEAD_LETTER, "idempotency_conflict")
