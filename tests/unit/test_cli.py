@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import platform
@@ -2409,6 +2410,19 @@ def test_the_sample_producer_with_no_broker_there_says_so_in_one_line(tmp_path: 
         f"produce.py: cannot reach Kafka at 127.0.0.1:{port}: --bootstrap-servers HOST:PORT"
         " names another"
     )
+
+
+def test_the_sample_producer_keys_a_line_it_cannot_key_by_nothing() -> None:
+    # an account_id of half a surrogate pair stopped it half way through a file, with a
+    # traceback, where limitflow dead-letters the line
+    path = Path(__file__).resolve().parents[2] / "examples" / "produce.py"
+    spec = importlib.util.spec_from_file_location("sample_producer", path)
+    assert spec is not None and spec.loader is not None
+    produce = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(produce)
+    assert produce.account_key(b'{"account_id": "\\ud800"}') is None
+    assert produce.account_key(b'{"account_id": "acct-\\u00e9"}') == "acct-\u00e9".encode()
+    assert produce.account_key(b"this is not json") is None
 
 
 @pytest.mark.parametrize(
