@@ -2425,6 +2425,19 @@ def test_the_sample_producer_keys_a_line_it_cannot_key_by_nothing() -> None:
     assert produce.account_key(b"this is not json") is None
 
 
+def test_the_sample_producer_sends_every_line_replay_would_decide(tmp_path: Path) -> None:
+    # it left out lines of form feeds, which replay dead-letters, and split a line at a
+    # lone carriage return: bad input the demo then dropped without a word
+    path = Path(__file__).resolve().parents[2] / "examples" / "produce.py"
+    spec = importlib.util.spec_from_file_location("sample_producer", path)
+    assert spec is not None and spec.loader is not None
+    produce = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(produce)
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(b'\xef\xbb\xbf{"a": 1}\r\n \t\r\n\x0c\n{"b":\r2}\n\n\x0b\r\n')
+    assert produce.lines(events, 0, 0) == [b'{"a": 1}', b"\x0c", b'{"b":\r2}', b"\x0b"]
+
+
 @pytest.mark.parametrize(
     ("args", "usage"),
     [
