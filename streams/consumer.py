@@ -429,6 +429,7 @@ class VelocityConsumer:
         keys = {(r.partition, r.offset): r.key for tp in order for r in batch[tp]}
         done: set[TopicPartition] = set()
         """Partitions whose verdicts and offset are committed (``Output.deliver``)."""
+        decided_of: dict[TopicPartition, list[Result]] = {}
         self.metrics.events.inc(len(records))
         self.metrics.batch_size.observe(len(records))
         try:
@@ -445,7 +446,7 @@ class VelocityConsumer:
             out: dict[TopicPartition, list[Message]] = {tp: [] for tp in order}
             position = 0
             for tp in order:
-                chunk = results[position : position + len(batch[tp])]
+                chunk = decided_of[tp] = results[position : position + len(batch[tp])]
                 position += len(batch[tp])
                 out[tp] = list(messages(chunk, topics, key_of))
             offsets = {tp: batch[tp][-1].offset + 1 for tp in order}
@@ -456,6 +457,9 @@ class VelocityConsumer:
             # verdicts a second time to read_committed readers. Only the rest go back.
             for tp in done:
                 self._positions[tp] = offsets[tp]
+            if done:  # published and committed: counted, as they are never read again
+                self.metrics.commits.inc()
+                self._count_results([r for tp in order if tp in done for r in decided_of[tp]])
             self._rewind({tp: recs for tp, recs in batch.items() if tp not in done}, exc)
             if isinstance(exc, PartitionLost):
                 self._rejoin({tp for tp in batch if tp not in done})

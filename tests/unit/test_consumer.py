@@ -314,6 +314,16 @@ async def test_partitions_committed_before_another_is_lost_are_not_read_again() 
     assert runner._positions[kept] == 103
 
 
+async def test_verdicts_of_partitions_committed_before_another_is_lost_are_counted() -> None:
+    # partition 0's 3 verdicts were published and committed and are never read again, but
+    # limitflow_verdicts_total and limitflow_offset_commits_total left them out for good
+    runner, _, _ = await _one_of_two_lost(_Seeking())
+    value = runner.metrics.registry.get_sample_value
+    verdict = {"decision": "accept", "reason": "none", "duplicate": "false"}
+    assert value("limitflow_verdicts_total", verdict) == 3
+    assert value("limitflow_offset_commits_total") == 1
+
+
 async def _one_of_two_lost(
     consumer: _Seeking,
 ) -> tuple[VelocityConsumer, TopicPartition, TopicPartition]:
