@@ -267,6 +267,14 @@ def _producer(kafka: KafkaSettings, transactional_id: str | None = None) -> AIOK
     )
 
 
+class MissingTopics(Exception):
+    """A topic ``run`` needs does not exist, and ``--create-topics`` was not given (exit 2).
+
+    Its own class: a ``LookupError`` was caught instead, and every ``KeyError`` or
+    ``IndexError`` of a bug (limitflow's, aiokafka's) then ended ``run`` with exit 2, as a
+    usage error, its key as the only line and no traceback."""
+
+
 class StoppedBeforeStart(Exception):
     """A stop was asked for while the brokers could not be reached yet: nothing to finish."""
 
@@ -481,8 +489,8 @@ async def _load_and_serve(args: argparse.Namespace, signals: StopSignals) -> int
         raise CommandFailed(f"kafka: {exc}", EXIT_BROKER) from None
     except TopicError as exc:  # --create-topics refused, as `limitflow topics create` says
         raise CommandFailed(str(exc), EXIT_BROKER) from None
-    except LookupError as exc:
-        raise CommandFailed(str(exc.args[0]), EXIT_USAGE) from None
+    except MissingTopics as exc:
+        raise CommandFailed(str(exc), EXIT_USAGE) from None
     except OpsUnavailable as exc:
         raise CommandFailed(str(exc), EXIT_USAGE) from None
     finally:
@@ -624,7 +632,7 @@ async def serve(
             if t not in existing
         ]
         if missing:
-            raise LookupError(
+            raise MissingTopics(
                 f"missing topics {', '.join(missing)}: run `limitflow topics create` "
                 "or pass --create-topics"
             )

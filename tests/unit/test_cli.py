@@ -1922,6 +1922,30 @@ def test_an_ops_endpoint_that_cannot_listen_stops_run_in_one_line(
     assert ("in use" if taken else "assign requested address") in reason
 
 
+def test_a_key_error_of_a_bug_in_run_is_no_usage_error(
+    rules: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # missing topics were a LookupError, caught as such: every KeyError or IndexError of a
+    # bug in the consumer (or aiokafka) ended `run` with exit 2, "limitflow: partition",
+    # no traceback; an unexpected error is exit 1 with its traceback (README, Exit codes)
+    import limitflow.run_cli as run_cli
+    from limitflow.cli import main
+
+    async def buggy(*_: object) -> int:
+        positions: dict[str, int] = {}
+        return positions["partition"]
+
+    monkeypatch.setattr(run_cli, "serve", buggy)
+    with pytest.raises(KeyError, match="partition"):
+        main(
+            [
+                *("run", "--bootstrap-servers", "127.0.0.1:1", "--group-id", "g"),
+                *("--input-topic", "in", "--output-topic", "out", "--dead-letter-topic", "dead"),
+                *("--rules", str(rules), "--store", "memory://", "--log-format", "text"),
+            ]
+        )
+
+
 def _closed_port() -> int:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
