@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from limitflow.settings import (
@@ -343,6 +343,67 @@ async def start_retrying(
             delay = min(ceiling, delay * 2)
 
 
+async def ask_retrying(
+    what: str,
+    ask: Callable[[], Awaitable[_T]],
+    unreachable: Callable[[BaseException], bool],
+    stop: asyncio.Event,
+    servers: str,
+    retry_ms: tuple[int, int],
+    health: Health | None = None,
+) -> _T:
+    """``ask()`` of a client started already, asked again while it fails with an error
+    that is ``unreachable`` (no broker answered), as ``start_retrying`` starts a client: the
+    brokers the bootstrap servers named may not be reached (an advertised listener this
+    host cannot reach, brokers gone since the start). Their first failure ended ``run``
+    with exit 1 and a traceback, where it waits for brokers it cannot reach."""
+    from streams.ops import ConsumerState
+
+    delay, ceiling = retry_ms[0] / 1000, retry_ms[1] / 1000
+    while True:
+        if stop.is_set():
+            raise StoppedBeforeStart(what)
+        try:
+            answer = await ask()
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            if stop.is_set():
+                raise StoppedBeforeStart(what) from None
+            if health is not None:
+                health.set(ConsumerState.WAITING, waiting_on="kafka")
+                health.metrics.retries.labels("start").inc()
+            log.warning(
+                "%s cannot reach the Kafka brokers that %s named; waiting for them,"
+                " next try in %.1fs: %s",
+                what,
+                servers,
+                delay,
+                str(exc) or type(exc).__name__,
+                extra={"stage": "start", "bootstrap_servers": servers},
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            delay = min(ceiling, delay * 2)
+            continue
+        if health is not None and health.state is ConsumerState.WAITING:
+            health.set(ConsumerState.STARTING)
+        return answer
+
+
+def _no_broker_answered(exc: BaseException) -> bool:
+    """Whether ``exc`` of a request to the brokers says that none of them answered."""
+    from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
+
+    from streams.output import translate
+
+    return (
+        type(exc) is KafkaError
+        or isinstance(exc, OSError)
+        or bool(getattr(translate(exc), "retriable", False))
+    )
+
+
 def _version() -> str:
     """The installed distribution's version."""
     from importlib.metadata import PackageNotFoundError, version
@@ -375,7 +436,7 @@ def _unanswered_at_close(loop: asyncio.AbstractEventLoop, context: dict[str, Any
     (within what is left of its grace): the requests aiokafka still had in flight fail
     then, and their futures' errors were logged at ERROR with a traceback, for a close
     that went as intended."""
-    from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
+    from aiokafka.errors import KafkaError
 
     exc = context.get("exception")
     if isinstance(exc, KafkaError | OSError | TimeoutError):
@@ -557,6 +618,7 @@ async def serve(
 
     ``signals``: those of ``run``, before these handlers: one received already stops at
     once, and a signal after this returns is logged, not fatal."""
+
     from handlers.decide import Decider, OutcomeKind
     from stores.base import redacted
     from streams.consumer import VelocityConsumer
@@ -595,8 +657,10 @@ async def serve(
     kafka = settings.kafka
     retry_ms = (settings.retry_initial_ms, settings.retry_max_ms)
 
+    waiting = (stop, kafka.bootstrap_servers, retry_ms, health)
+
     async def start(what: str, build: Callable[[], Any]) -> Any:
-        return await start_retrying(what, build, stop, kafka.bootstrap_servers, retry_ms, health)
+        return await start_retrying(what, build, *waiting)
 
     in_force = {
         "version": _version(),
@@ -621,11 +685,20 @@ async def serve(
         if settings.create_topics:
             admin = await start("admin", lambda: _admin(kafka))
             try:
-                await create_topics(admin, settings.topics)
+                # a request no broker answers times out (an advertised listener this host
+                # cannot reach): waited for, as brokers that cannot be reached are
+                await ask_retrying(
+                    "admin",
+                    lambda: create_topics(admin, settings.topics),
+                    lambda exc: isinstance(exc, TimeoutError),
+                    *waiting,
+                )
             finally:
                 await admin.close()
         consumer = await start("consumer", lambda: _consumer(settings))
-        existing = await consumer.topics()
+        # the brokers' metadata: aiokafka says that no broker answered with a bare
+        # KafkaError; one of its subclasses that is not retriable (authorisation) is final
+        existing = await ask_retrying("consumer", consumer.topics, _no_broker_answered, *waiting)
         missing = [
             t
             for t in (kafka.input_topic, kafka.output_topic, kafka.dead_letter_topic)

@@ -82,3 +82,72 @@ async def test_serve_stops_at_once_for_a_signal_before_its_handlers_and_logs_one
         for sig in SIGNALS:
             loop.remove_signal_handler(sig)
         await store.close()
+
+
+@pytest.mark.parametrize("final", [False, True])
+async def test_serve_waits_for_brokers_the_bootstrap_server_named_but_that_do_not_answer(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    final: bool,
+) -> None:
+    # the bootstrap server answered the consumer's start, the brokers it advertised did
+    # not (a listener this host cannot reach, or brokers gone since): aiokafka's
+    # KafkaError of consumer.topics() ended run with exit 1 and a traceback. A refusal
+    # that asking again cannot change (authorisation) still ends it.
+    from aiokafka.errors import (  # type: ignore[import-untyped]
+        KafkaError,
+        TopicAuthorizationFailedError,
+    )
+
+    import limitflow.run_cli as run_cli
+    from limitflow.run_cli import MissingTopics
+
+    class Consumer:
+        asked = 0
+
+        async def start(self) -> None:
+            pass
+
+        async def stop(self) -> None:
+            pass
+
+        async def topics(self) -> set[str]:
+            self.asked += 1
+            if final:
+                raise TopicAuthorizationFailedError()
+            if self.asked < 3:
+                raise KafkaError("Unable to get cluster metadata over all known brokers")
+            return set()  # then the brokers answer: the topics are missing
+
+    consumer = Consumer()
+    monkeypatch.setattr(run_cli, "_consumer", lambda settings: consumer)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - {id: r, window: day, max_count: 1}\n")
+    settings = load_run_settings(
+        {
+            "bootstrap_servers": "127.0.0.1:1",
+            "input_topic": "in",
+            "output_topic": "out",
+            "dead_letter_topic": "dead",
+            "group_id": "g",
+            "rules": str(rules),
+            "store": "memory://",
+            "retry_initial_ms": 10,
+        },
+        {},
+    )
+    store = open_store("memory://")
+    await store.init()
+    loop = asyncio.get_running_loop()
+    caplog.set_level(logging.WARNING, "limitflow.run")
+    try:
+        with pytest.raises(TopicAuthorizationFailedError if final else MissingTopics):
+            await asyncio.wait_for(serve(settings, load_rules(str(rules)), store), 10)
+    finally:
+        for sig in SIGNALS:
+            loop.remove_signal_handler(sig)
+        await store.close()
+    assert consumer.asked == (1 if final else 3)
+    waits = sum("waiting for them" in message for message in caplog.messages)
+    assert waits == (0 if final else 2)
