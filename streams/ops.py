@@ -1,7 +1,7 @@
 """Operating the consumer: its state, JSON logs, Prometheus metrics and the ops endpoint.
 
-The endpoint is a minimal HTTP/1.1 server on asyncio streams (``GET`` only, one request
-per connection), so no web framework is needed for three read-only paths:
+The endpoint is a minimal HTTP/1.1 server on asyncio streams (``GET`` and ``HEAD`` only,
+one request per connection), so no web framework is needed for three read-only paths:
 
     /healthz   200 while the process is working or waiting out an outage; 503 once failed
     /readyz    200 once the consumer has joined its group and while its last store and
@@ -401,11 +401,14 @@ class OpsServer:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
             method, _, rest = request.decode("latin-1").partition(" ")
             path = rest.split(" ", 1)[0].split("?", 1)[0]
-            status, ctype, body = self._answer(method, path)
+            # HEAD is GET without the body (a monitor's check; the body made it a
+            # malformed answer), and a 405 says what is allowed, as HTTP requires
+            status, ctype, body = self._answer("GET" if method == "HEAD" else method, path)
+            allow = "Allow: GET, HEAD\r\n" if status.startswith("405") else ""
             writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{allow}"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode("latin-1")
-                + body
+                + (b"" if method == "HEAD" else body)
             )
             await writer.drain()
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
@@ -417,7 +420,7 @@ class OpsServer:
 
     def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
         if method != "GET":
-            return "405 Method Not Allowed", "text/plain", b"GET only\n"
+            return "405 Method Not Allowed", "text/plain", b"GET or HEAD only\n"
         if path == "/metrics":
             return "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.health.metrics.registry)
         if path in ("/healthz", "/readyz"):

@@ -1,0 +1,47 @@
+"""The ops endpoint's HTTP, against the server itself (no consumer behind it)."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+
+from streams.ops import Health, Metrics, OpsServer
+
+
+def _ask(port: int, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request(method, path)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+async def _raw(port: int, request: bytes) -> bytes:
+    """All that ``request`` gets back, up to the server's close."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    try:
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+async def test_head_is_answered_as_get_without_a_body_and_a_405_says_what_is_allowed() -> None:
+    # HEAD got a 405 with a body (no answer to HEAD may have one) and no Allow header
+    server = OpsServer(Health(Metrics()), "127.0.0.1", 0)
+    await server.start()
+    try:
+        for path, status in (("/healthz", 200), ("/readyz", 503), ("/metrics", 200)):
+            got, headers, _ = await asyncio.to_thread(_ask, server.port, "GET", path)
+            assert got == status
+            head = await asyncio.to_thread(_ask, server.port, "HEAD", path)
+            assert head == (status, headers, b"")
+            raw = await _raw(server.port, f"HEAD {path} HTTP/1.1\r\n\r\n".encode())
+            assert raw.endswith(b"\r\n\r\n")  # the headers alone
+        status, headers, _ = await asyncio.to_thread(_ask, server.port, "POST", "/healthz")
+        assert status == 405
+        assert headers["Allow"] == "GET, HEAD"
+    finally:
+        await server.stop()
