@@ -301,6 +301,7 @@ class VelocityConsumer:
         for tp in done:  # every one of them, when ``deliver`` returned
             self._positions[tp] = max(self._positions.get(tp, 0), ahead[tp])
         if done:
+            self.metrics.commits.inc()
             log.debug(
                 "offsets moved past transaction markers",
                 extra={"offsets": _offsets({tp: ahead[tp] for tp in done})},

@@ -547,3 +547,27 @@ async def test_lag_never_asks_about_a_partition_revoked_while_it_waited() -> Non
         runner.metrics.registry.get_sample_value("limitflow_consumer_lag", {"partition": "0"})
         is None
     )
+
+
+class _PastMarkers(_Consumer):
+    """A consumer whose position moved past records it never returned (transaction
+    markers, which a read_committed consumer skips)."""
+
+    async def position(self, tp: TopicPartition) -> int:
+        return 105
+
+
+async def test_offsets_moved_past_transaction_markers_count_as_commits() -> None:
+    # committed (a transaction of its own under exactly-once), but
+    # limitflow_offset_commits_total, "offset commits (or transactions) that succeeded",
+    # left them out
+    tp = TopicPartition("in", 0)
+    consumer = _PastMarkers()
+    consumer.assigned = {tp}
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.output = output = _Recording()
+    runner._owned, runner._positions = {tp}, {tp: 100}
+    await runner._pass_skipped()
+    assert output.delivered == [tp]
+    assert runner._positions[tp] == 105
+    assert runner.metrics.registry.get_sample_value("limitflow_offset_commits_total") == 1
