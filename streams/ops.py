@@ -371,6 +371,11 @@ class OpsUnavailable(Exception):
 class OpsServer:
     """``/healthz``, ``/readyz`` and ``/metrics`` over HTTP on ``host:port``."""
 
+    patience_s: float = 5.0
+    """How long a client has to send its request, and then to take the answer: one that
+    stops reading is cut off (on Python 3.12 and later ``stop`` waits for every open
+    connection, so one held open for good held the shutdown with it)."""
+
     def __init__(self, health: Health, host: str, port: int) -> None:
         self.health = health
         self.host = host
@@ -397,8 +402,9 @@ class OpsServer:
             await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        patience = self.patience_s
         try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), patience)
             method, _, rest = request.decode("latin-1").partition(" ")
             path = rest.split(" ", 1)[0].split("?", 1)[0]
             # HEAD is GET without the body (a monitor's check; the body made it a
@@ -410,13 +416,17 @@ class OpsServer:
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode("latin-1")
                 + (b"" if method == "HEAD" else body)
             )
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), patience)
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass
         finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+            writer.close()  # sends what is buffered first: a client that reads nothing
+            try:  # waits for ever then, unless cut off
+                await asyncio.wait_for(writer.wait_closed(), patience)
+            except TimeoutError:
+                writer.transport.abort()
+            except OSError:
+                pass
 
     def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
         if method != "GET":

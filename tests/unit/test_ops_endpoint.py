@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
+
+import pytest
 
 from streams.ops import Health, Metrics, OpsServer
 
@@ -45,3 +48,31 @@ async def test_head_is_answered_as_get_without_a_body_and_a_405_says_what_is_all
         assert headers["Allow"] == "GET, HEAD"
     finally:
         await server.stop()
+
+
+async def test_a_client_that_stops_reading_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the answer was written with no time limit: a client that read nothing of a large
+    # /metrics kept its connection (and on Python 3.12 and later the shutdown) for good
+    body = b"x" * (64 << 20)  # more than the two sockets' buffers hold
+    monkeypatch.setattr(OpsServer, "patience_s", 0.5, raising=False)
+    monkeypatch.setattr(
+        OpsServer, "_answer", lambda self, method, path: ("200 OK", "text/plain", body)
+    )
+    server = OpsServer(Health(Metrics()), "127.0.0.1", 0)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port, limit=1 << 16)
+        transport = writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        transport.pause_reading()
+        writer.write(b"GET /metrics HTTP/1.1\r\n\r\n")
+        await asyncio.sleep(2)  # reading nothing, past the server's patience (twice over)
+        transport.resume_reading()
+        got = 0
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := await asyncio.wait_for(reader.read(1 << 20), 10):
+                got += len(chunk)
+        writer.close()
+        assert got < len(body)  # cut off, not waited for
+    finally:
+        await asyncio.wait_for(server.stop(), 5)
