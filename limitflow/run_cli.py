@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from streams.consumer import VelocityConsumer
     from streams.ops import Health
+    from streams.output import Output
 
 EXIT_BROKER = 4
 """Kafka refused a request for good (the store's failures exit with 3)."""
@@ -431,6 +432,19 @@ def _close_within(runner: VelocityConsumer | None) -> float | None:
     return None if left is None else max(_HURRIED_CLOSE, left)
 
 
+async def _close_clients(
+    output: Output | None, consumer: AIOKafkaConsumer | None, runner: VelocityConsumer | None
+) -> None:
+    """Close the producers, then the consumer, each within what is left of a stop's grace
+    when it starts (``_close_within``): the consumer was given what had been left before
+    the producers closed, so a stop could take twice what was left (30 s: a batch ending
+    5 s into the grace, then brokers that stopped answering), past an orchestrator's grace."""
+    if output is not None:
+        await output.close(_close_within(runner))
+    if consumer is not None:
+        await _close_consumer(consumer, _close_within(runner))
+
+
 def _unanswered_at_close(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     """asyncio's handler of unretrieved errors while the Kafka clients close after a stop
     (within what is left of its grace): the requests aiokafka still had in flight fail
@@ -624,7 +638,7 @@ async def serve(
     from streams.consumer import VelocityConsumer
     from streams.engine import Engine
     from streams.ops import Health, Metrics, OpsServer
-    from streams.output import AtLeastOnceOutput, Output, TransactionalOutput
+    from streams.output import AtLeastOnceOutput, TransactionalOutput
     from streams.topics import create_topics
 
     metrics = Metrics()
@@ -744,13 +758,9 @@ async def serve(
         # outage held to the end of its grace (the brokers not answering, and nothing
         # the clients hold needed: the abandoned batch is read again) took up to 25 s
         # more, past an orchestrator's grace
-        within = _close_within(runner)
-        if within is not None:
+        if _close_within(runner) is not None:
             loop.set_exception_handler(_unanswered_at_close)
-        if output is not None:
-            await output.close(within)
-        if consumer is not None:
-            await _close_consumer(consumer, within)
+        await _close_clients(output, consumer, runner)
         if ops:
             await ops.stop()
         if signals is not None:

@@ -151,3 +151,37 @@ async def test_serve_waits_for_brokers_the_bootstrap_server_named_but_that_do_no
     assert consumer.asked == (1 if final else 3)
     waits = sum("waiting for them" in message for message in caplog.messages)
     assert waits == (0 if final else 2)
+
+
+async def test_after_a_stop_the_consumer_closes_within_what_the_producers_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the consumer was given what had been left of the grace before the producers
+    # closed: a batch that ended 5 s into a 20 s grace, then brokers that stopped
+    # answering, made the stop take 30 s, past an orchestrator's grace
+    import limitflow.run_cli as run_cli
+
+    given: list[float | None] = []
+
+    class Runner:  # a stop under way: what is left of its grace
+        gave_up = False
+        left = 15.0
+
+        def grace_left(self, now: float) -> float:
+            return self.left
+
+    runner = Runner()
+
+    class Output:
+        async def close(self, within: float | None = None) -> None:
+            given.append(within)
+            runner.left -= 10  # the producers took their 10 s
+
+    async def close_consumer(consumer: object, within: float | None = None) -> None:
+        given.append(within)
+
+    monkeypatch.setattr(run_cli, "_close_consumer", close_consumer)
+    await run_cli._close_clients(Output(), object(), runner)  # type: ignore[arg-type]
+    assert given == [15.0, 5.0]
+    await run_cli._close_clients(None, object(), None)  # no stop: the clients' own bounds
+    assert given[2:] == [None]
