@@ -320,7 +320,9 @@ class DynamoStore(Store):
                 " AWS's own chain (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile,"
                 " a role)"
             )
-        query = parse_qs(parts.query)
+        # read as ``stores.embedded`` reads the retention, ";" separating too: else an
+        # endpoint_url or region after one was a part of the parameter before it
+        query = parse_qs(parts.query.replace(";", "&"))
         unknown = set(query) - _URL_PARAMS - RETENTION_PARAMS
         if unknown:
             known = sorted(_URL_PARAMS | RETENTION_PARAMS)

@@ -1,0 +1,42 @@
+"""What a ``dynamodb://`` store URL names: table prefix, endpoint, region, retention.
+
+Nothing is contacted: ``open_store`` only builds the store."""
+
+from __future__ import annotations
+
+import pytest
+
+from limitflow.errors import ConfigError
+from stores import open_store
+from stores.dynamo import DynamoStore
+
+
+def _dynamo(url: str) -> DynamoStore:
+    store = open_store(url)
+    assert isinstance(store, DynamoStore)
+    return store
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # the retention and the store's own parameters are read alike: an endpoint or a
+        # region after a ";" was dropped, and the store talked to AWS in the chain's region
+        "dynamodb://p?event_retention_days=2;endpoint_url=http://127.0.0.1:8000;region=eu-west-1",
+        "dynamodb://p?endpoint_url=http://127.0.0.1:8000;region=eu-west-1&event_retention_days=2",
+        "dynamodb://p?endpoint_url=http://127.0.0.1:8000&region=eu-west-1&event_retention_days=2",
+    ],
+)
+def test_parameters_separated_by_semicolons_are_all_read(url: str) -> None:
+    store = _dynamo(url)
+    assert (store.table, store.endpoint_url, store.region) == (
+        "p-state",
+        "http://127.0.0.1:8000",
+        "eu-west-1",
+    )
+    assert store.retention.event_seconds == 2 * 86_400
+
+
+def test_a_parameter_given_twice_across_separators_is_refused() -> None:
+    with pytest.raises(ConfigError, match="region given 2 times"):
+        open_store("dynamodb://p?region=us-east-1;region=eu-west-1")
