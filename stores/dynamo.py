@@ -320,9 +320,14 @@ class DynamoStore(Store):
                 " AWS's own chain (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile,"
                 " a role)"
             )
+        if parts.path.strip("/") or parts.fragment:  # the default table was used instead
+            raise ConfigError(
+                f"{redacted(url)}: the table prefix is the host part of the URL"
+                " (dynamodb://PREFIX?…); it takes no path or #fragment"
+            )
         # read as ``stores.embedded`` reads the retention, ";" separating too: else an
         # endpoint_url or region after one was a part of the parameter before it
-        query = parse_qs(parts.query.replace(";", "&"))
+        query = parse_qs(parts.query.replace(";", "&"), keep_blank_values=True)
         unknown = set(query) - _URL_PARAMS - RETENTION_PARAMS
         if unknown:
             known = sorted(_URL_PARAMS | RETENTION_PARAMS)
@@ -335,6 +340,8 @@ class DynamoStore(Store):
                 raise ConfigError(
                     f"{redacted(url)}: {name} given {len(values)} times; give it once"
                 )
+            if name in _URL_PARAMS and not values[0]:  # AWS itself, or the chain's region
+                raise ConfigError(f"{redacted(url)}: {name} is blank; give it a value")
         endpoint = query.get("endpoint_url", [None])[0]
         region = query.get("region", [None])[0]
         return cls(

@@ -40,3 +40,35 @@ def test_parameters_separated_by_semicolons_are_all_read(url: str) -> None:
 def test_a_parameter_given_twice_across_separators_is_refused() -> None:
     with pytest.raises(ConfigError, match="region given 2 times"):
         open_store("dynamodb://p?region=us-east-1;region=eu-west-1")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # the prefix is the host part: these used the default table limitflow-state
+        "dynamodb:///staging?region=eu-west-1",
+        "dynamodb:staging?region=eu-west-1",
+        "dynamodb://prod/staging?region=eu-west-1",
+        "dynamodb://staging#blue",
+        # a blank endpoint (an unset variable) was dropped: the store talked to AWS
+        "dynamodb://p?endpoint_url=&region=us-east-1",
+        "dynamodb://p?endpoint_url",
+        "dynamodb://p?region=",
+    ],
+)
+def test_a_url_part_the_store_would_not_use_is_refused(url: str) -> None:
+    with pytest.raises(ConfigError):
+        open_store(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "table"),
+    [
+        ("dynamodb://p?region=eu-west-1", "p-state"),
+        ("dynamodb://p/?region=eu-west-1", "p-state"),
+        ("dynamodb://?region=eu-west-1", "limitflow-state"),
+        ("dynamodb://", "limitflow-state"),
+    ],
+)
+def test_the_table_prefix_is_the_host_part_or_the_default(url: str, table: str) -> None:
+    assert _dynamo(url).table == table
