@@ -86,6 +86,9 @@ _THROTTLED = {
 _CANCEL_CONFLICT = {"ConditionalCheckFailed", "TransactionConflict"}
 _CANCEL_THROTTLED = {"ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded"}
 
+_TTL_ATTRIBUTE = "expires_at"
+_TTL_ON = ("ENABLED", "ENABLING")
+
 BUCKET, ACCOUNT, EVENT = "b#", "a#", "e#"
 RULE = "r#"
 """What a rule's counters hold (``Store.keep_rules``): ``r#<rule id>:<window>`` with
@@ -404,23 +407,33 @@ class DynamoStore(Store):
         try:
             waiter = client.get_waiter("table_exists")
             await waiter.wait(TableName=self.table, WaiterConfig={"Delay": 1, "MaxAttempts": 120})
-            if not await self._ttl_on(client):
+            status, attribute = await self._ttl(client)
+            if status in _TTL_ON and attribute != _TTL_ATTRIBUTE:
+                # a table has one TTL attribute: limitflow's records would never be deleted
+                raise StoreRejected(
+                    f"DynamoDB table {self.table} has TTL on {attribute!r}, not"
+                    f" {_TTL_ATTRIBUTE}: none of limitflow's records would be deleted; turn"
+                    " it off (UpdateTimeToLive) and run `limitflow store init` again"
+                )
+            if status not in _TTL_ON:
                 try:
                     await client.update_time_to_live(
                         TableName=self.table,
-                        TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"},
+                        TimeToLiveSpecification={"Enabled": True, "AttributeName": _TTL_ATTRIBUTE},
                     )
                 except ClientError:
                     # another `store init` enabled it meanwhile (a ValidationException):
                     # what counts is that it is on now
-                    if not await self._ttl_on(client):
+                    status, attribute = await self._ttl(client)
+                    if status not in _TTL_ON or attribute != _TTL_ATTRIBUTE:
                         raise
         except _DRIVER_ERRORS as exc:
             raise translate(exc, "enabling TTL") from exc
 
-    async def _ttl_on(self, client: Any) -> bool:
-        ttl = await client.describe_time_to_live(TableName=self.table)
-        return ttl["TimeToLiveDescription"].get("TimeToLiveStatus") in ("ENABLED", "ENABLING")
+    async def _ttl(self, client: Any) -> tuple[str | None, str | None]:
+        """The table's TTL status and attribute."""
+        ttl = (await client.describe_time_to_live(TableName=self.table))["TimeToLiveDescription"]
+        return ttl.get("TimeToLiveStatus"), ttl.get("AttributeName")
 
     async def _verify(self) -> None:
         client = await self._dynamodb()
@@ -431,6 +444,16 @@ class DynamoStore(Store):
         if table["Table"].get("TableStatus") not in ("ACTIVE", "UPDATING"):
             raise StoreUnavailable(
                 f"DynamoDB table {self.table} is {table['Table']['TableStatus']}"
+            )
+        # a `store init` stopped after CreateTable left TTL off: nothing would be deleted
+        try:
+            status, attribute = await self._ttl(client)
+        except _DRIVER_ERRORS as exc:
+            raise translate(exc, f"DescribeTimeToLive {self.table}") from exc
+        if status not in _TTL_ON or attribute != _TTL_ATTRIBUTE:
+            raise StoreNotInitialized(
+                f"DynamoDB table {self.table} has no TTL on {_TTL_ATTRIBUTE}"
+                f" ({status or 'DISABLED'}{'' if attribute is None else f' on {attribute}'})"
             )
 
     # -- records ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,6 +121,55 @@ async def test_check_before_init_then_init_is_idempotent(endpoint_url: str, pref
         ttl = await client.describe_time_to_live(TableName=s.table)
         assert ttl["TimeToLiveDescription"]["AttributeName"] == "expires_at"
         assert ttl["TimeToLiveDescription"]["TimeToLiveStatus"] in ("ENABLED", "ENABLING")
+    finally:
+        await s.close()
+
+
+async def _table_without_limitflows_ttl(store: DynamoStore, ttl: str | None) -> Any:
+    """The store's table as a `store init` cut short after CreateTable left it (``ttl``
+    None), or as another tool made it, with TTL on another attribute."""
+    client = await store._dynamodb()
+    await client.create_table(
+        TableName=store.table,
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    if ttl is not None:
+        await client.update_time_to_live(
+            TableName=store.table,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": ttl},
+        )
+    return client
+
+
+async def test_a_table_whose_ttl_is_off_is_not_initialised(endpoint_url: str, prefix: str) -> None:
+    # a `store init` stopped after CreateTable (the wait for the table can take minutes
+    # on AWS): `check` passed, and no record was ever deleted from the table
+    s = DynamoStore.from_url(_url(endpoint_url, prefix))
+    try:
+        await _table_without_limitflows_ttl(s, None)
+        with pytest.raises(StoreNotInitialized, match="TTL"):
+            await s.check()
+        await s.init()
+        await s.check()
+    finally:
+        await s.close()
+
+
+async def test_init_refuses_a_table_whose_ttl_is_another_attribute(
+    endpoint_url: str, prefix: str
+) -> None:
+    # `store init` said nothing and TTL stayed on `ttl`: limitflow's records never went
+    s = DynamoStore.from_url(_url(endpoint_url, prefix))
+    try:
+        client = await _table_without_limitflows_ttl(s, "ttl")
+        with pytest.raises(StoreRejected, match="ttl"):
+            await s.init()
+        with pytest.raises(StoreNotInitialized, match="TTL"):
+            await s.check()
+        ttl = await client.describe_time_to_live(TableName=s.table)
+        assert ttl["TimeToLiveDescription"]["AttributeName"] == "ttl"
     finally:
         await s.close()
 
