@@ -40,6 +40,10 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
     PartialCredentialsError,
 )
 from botocore.exceptions import ConnectionError as EndpointError
+from botocore.utils import (  # type: ignore[import-untyped]
+    is_valid_endpoint_url,
+    is_valid_ipv6_endpoint_url,
+)
 
 from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Writes
 from limitflow.errors import (
@@ -225,6 +229,22 @@ def _put(table: str, item: Item, check_expiry: bool, expires_at: int | None) -> 
     return put
 
 
+def _unusable_endpoint(endpoint: str) -> str | None:
+    """Why botocore cannot use ``endpoint``, or None. botocore itself tells it only when
+    the client is made, at first use, with a bare ``ValueError`` (or never: an ``ftp://``
+    one fails each request as an outage)."""
+    parts = urlsplit(endpoint)
+    try:
+        parts.port  # noqa: B018 - parsed here: "Port out of range 0-65535"
+    except ValueError as exc:
+        return f"{endpoint!r}: {exc}"
+    if parts.scheme not in ("http", "https"):
+        return f"{endpoint!r}: use http://HOST:PORT or https://HOST"
+    if not (is_valid_endpoint_url(endpoint) or is_valid_ipv6_endpoint_url(endpoint)):
+        return f"{endpoint!r}: not a host name or address botocore takes"
+    return None
+
+
 def _error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
@@ -347,6 +367,8 @@ class DynamoStore(Store):
                 raise ConfigError(f"{redacted(url)}: {name} is blank; give it a value")
         endpoint = query.get("endpoint_url", [None])[0]
         region = query.get("region", [None])[0]
+        if endpoint is not None and (why := _unusable_endpoint(endpoint)):
+            raise ConfigError(f"{redacted(url)}: endpoint_url {why}")
         return cls(
             parts.netloc or "limitflow",
             retention,

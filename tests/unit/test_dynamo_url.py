@@ -72,3 +72,29 @@ def test_a_url_part_the_store_would_not_use_is_refused(url: str) -> None:
 )
 def test_the_table_prefix_is_the_host_part_or_the_default(url: str, table: str) -> None:
     assert _dynamo(url).table == table
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        # botocore refused these only at first use, with a ValueError that a load told as
+        # "a stored record cannot be read … damaged", and ftp:// as a retriable outage
+        "127.0.0.1:8000",
+        "localhost:8000",
+        "http://127.0.0.1:99999",
+        "http:///x",
+        "ftp://127.0.0.1:8000",
+        "http://my_host:8000",
+    ],
+)
+def test_an_endpoint_the_driver_cannot_use_is_refused_at_once(endpoint: str) -> None:
+    with pytest.raises(ConfigError, match="endpoint_url"):
+        open_store(f"dynamodb://p?endpoint_url={endpoint}&region=us-east-1")
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["http://127.0.0.1:8000", "https://dynamodb.eu-west-1.amazonaws.com", "http://[::1]:8000"],
+)
+def test_an_http_endpoint_is_taken(endpoint: str) -> None:
+    assert _dynamo(f"dynamodb://p?endpoint_url={endpoint}").endpoint_url == endpoint
