@@ -323,7 +323,10 @@ class DynamoStore(Store):
         self.table = f"{prefix}-state"
         self.endpoint_url = endpoint_url
         self.region = region
-        self._session: Any = session if session is not None else aioboto3.Session()
+        try:
+            self._session: Any = session if session is not None else aioboto3.Session()
+        except BotoCoreError as exc:  # AWS_PROFILE naming none, a config file unreadable
+            raise ConfigError(f"DynamoDB: {exc}") from None
         self._client: Any = None
         self._exit = contextlib.AsyncExitStack()
         self._opening = asyncio.Lock()

@@ -4,6 +4,8 @@ Nothing is contacted: ``open_store`` only builds the store."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from limitflow.errors import ConfigError
@@ -98,3 +100,17 @@ def test_an_endpoint_the_driver_cannot_use_is_refused_at_once(endpoint: str) -> 
 )
 def test_an_http_endpoint_is_taken(endpoint: str) -> None:
     assert _dynamo(f"dynamodb://p?endpoint_url={endpoint}").endpoint_url == endpoint
+
+
+@pytest.mark.parametrize("config", ["", "[profile broken\nregion = eu-west-1\n"])
+def test_an_aws_profile_that_cannot_be_read_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, config: str
+) -> None:
+    # botocore's ProfileNotFound (or ConfigParseError) came out of open_store as it was:
+    # every command ended in a traceback, exit 1
+    (tmp_path / "config").write_text(config)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_PROFILE", "nope")
+    with pytest.raises(ConfigError, match=r"nope|config"):
+        open_store("dynamodb://p?region=eu-west-1")
