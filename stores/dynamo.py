@@ -34,6 +34,7 @@ from botocore.config import Config  # type: ignore[import-untyped]
 from botocore.exceptions import (  # type: ignore[import-untyped]
     BotoCoreError,
     ClientError,
+    CredentialRetrievalError,
     HTTPClientError,
     NoCredentialsError,
     NoRegionError,
@@ -265,6 +266,11 @@ def translate(exc: Exception, what: str) -> StoreError:
         return StoreRejected(text)
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
         return StoreRejected(f"DynamoDB {what}: no usable AWS credentials: {exc}")
+    if isinstance(exc, CredentialRetrievalError):
+        # the container's or instance's credential endpoint did not answer (temporary
+        # credentials are fetched again every hour or so): an outage, not a refusal,
+        # which had ended `run` on the first blip
+        return StoreUnavailable(f"DynamoDB {what}: AWS credentials could not be fetched: {exc}")
     if isinstance(exc, EndpointError | HTTPClientError | TimeoutError | OSError):
         return StoreUnavailable(f"DynamoDB {what}: {exc}")
     if isinstance(exc, BotoCoreError):

@@ -314,6 +314,28 @@ async def test_driver_errors_are_translated(endpoint_url: str, store: DynamoStor
         await down.close()
 
 
+async def test_credentials_that_cannot_be_fetched_are_an_outage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a container's credential endpoint that did not answer (a blip at the hourly
+    # refresh of temporary credentials) was a refusal for good, which ended `run`
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    port = _free_port()
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"http://127.0.0.1:{port}/creds")
+    store = DynamoStore.from_url(_url(f"http://127.0.0.1:{port}", "x"))
+    try:
+        with pytest.raises(StoreUnavailable) as unavailable:
+            await store.load(Keys(accounts={"a"}))
+        assert unavailable.value.retriable
+        assert "could not be fetched" in str(unavailable.value)
+    finally:
+        await store.close()
+
+
 # -- the engine, byte for byte against memory:// -------------------------------------------
 
 
