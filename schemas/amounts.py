@@ -81,6 +81,8 @@ def to_minor(value: object, exponent: int, *, allow_zero: bool = False) -> int:
             minor = int(whole) * 10**exponent + (int(frac_trimmed.ljust(exponent, "0") or "0"))
             return _check_sign(minor, value, allow_zero)
     number = to_decimal(value)
+    if not number:  # any zero, before its exponent makes an int: 10**(10**12) for 0e999999999999
+        return _check_sign(0, value, allow_zero)
     if number < 0:
         raise _not_positive(value, allow_zero)
     if number and number.adjusted() + exponent >= MAX_DIGITS:  # before building the int

@@ -236,6 +236,16 @@ def test_zeros_far_past_the_minor_unit_are_read_without_building_a_huge_int() ->
     assert "fraction digit" in error.detail
 
 
+@pytest.mark.parametrize("amount", ["0e999999999999", "0.0e999999999999", "0E+999999999999"])
+def test_a_zero_with_a_huge_exponent_is_refused_without_building_a_huge_int(amount: str) -> None:
+    # to_minor built 10**exponent before looking at the sign: one such amount (a string,
+    # or a JSON number) held the consumer at 100% CPU on this record, after every restart
+    for raw in (json.dumps(payment(amount=amount)), with_amount_literal(amount, "CNY")):
+        error = refused(raw)
+        assert error.error is DeadLetterError.INVALID_EVENT
+        assert "must be > 0" in error.detail
+
+
 def test_a_reversal_amount_past_28_digits_is_not_the_rounded_amount() -> None:
     # not read as 1 (Decimal rounds to 28 digits): finer than any currency, refused
     error = refused(reversal(amount="1.0000000000000000000000000000001"))

@@ -142,6 +142,14 @@ def test_a_zero_amount_limit_is_allowed() -> None:
     assert rules.rules[0].max_amount == 0
 
 
+@pytest.mark.parametrize("amount", ["'0e999999999999'", "0e999999999999", "0.0E+999999999999"])
+def test_a_zero_amount_limit_with_a_huge_exponent_is_read_at_once(amount: str) -> None:
+    # its minor units were built as 0 * 10**exponent: `rules check`, `run` and `replay`
+    # never finished reading the file
+    rules = parse_rules(one_rule(f"window: day\ncurrency: USD\nmax_amount: {amount}"))
+    assert rules.rules[0].max_amount == 0
+
+
 @pytest.mark.parametrize(
     ("currency", "amount", "minor"),
     [("CNY", "'5000.00'", 500_000), ("JPY", "'100'", 100), ("KWD", "'0.125'", 125)],
