@@ -31,7 +31,12 @@ _POSITIVE_DECIMAL: Final = (
     r"([eE][+-]?[0-9]+)?[ \t\n\r]*$"
 )
 """A decimal string with a non-zero digit: > 0 (blanks around it, as the parser takes)."""
-_DECIMAL: Final = r"^[ \t\n\r]*\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?[ \t\n\r]*$"
+_DECIMAL: Final = (
+    r"^[ \t\n\r]*(\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)|-(0+(\.0*)?|\.0+))([eE][+-]?[0-9]+)?"
+    r"[ \t\n\r]*$"
+)
+"""A decimal string >= 0: a zero may have a minus sign (``-0``, ``-0.00``), which the
+parser takes as the 0 it is, as it takes the JSON number ``-0``."""
 _NOT_NULL: Final = {"not": {"type": "null"}}
 
 

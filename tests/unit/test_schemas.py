@@ -179,6 +179,11 @@ RULE = {"id": "r", "window": "day", "max_count": 1}
         [{"id": "r", "window": "day", "max_amount": "5", "currency": "CNY"}],
         [{"id": "r", "window": "day", "max_amount": "-5", "currency": "CNY"}],
         [{"id": "r", "window": "day", "max_amount": 0, "currency": "CNY"}],
+        # the schema refused a zero written with a minus sign, which the loader takes
+        [{"id": "r", "window": "day", "max_amount": "-0", "currency": "CNY"}],
+        [{"id": "r", "window": "day", "max_amount": " -0.00e3 ", "currency": "CNY"}],
+        [{"id": "r", "window": "day", "max_amount": "-0.01", "currency": "CNY"}],
+        [{"id": "r", "window": "day", "max_amount": "-", "currency": "CNY"}],
         [{"id": "r", "window": "transaction", "max_count": 1}],
         [{"id": "r", "window": "transaction", "max_amount": "5", "currency": "JPY"}],
         [
