@@ -844,9 +844,26 @@ def _describe(data: Any, exc: msgspec.ValidationError) -> str:
     if found and isinstance(data, dict) and isinstance(data.get("rules"), list):
         index = int(found.group(1))
         rule = data["rules"][index] if index < len(data["rules"]) else None
+        if isinstance(rule, dict) and f"$.rules[{index}].match[...]" in message:
+            message = _match_field_named(message, index, rule.get("match"))
         if isinstance(rule, dict) and "id" in rule:
             return f"rule {rule['id']!r} (rules[{index}]): {message}"
         return f"rules[{index}]: {message}"
+    return message
+
+
+def _match_field_named(message: str, index: int, match: object) -> str:
+    """``message`` naming the ``match`` field whose values it refuses, where msgspec
+    writes ``[...]`` for every key: ``match[...][1]`` told no one which of a rule's match
+    fields held the ``null``."""
+    if not isinstance(match, dict):
+        return message
+    for field, allowed in match.items():
+        values = allowed if isinstance(allowed, list) else [allowed]
+        if not all(type(v) in (str, int, bool) for v in values):
+            key = _one_line(json.dumps(str(field), ensure_ascii=False))
+            named = f"$.rules[{index}].match[{key}]"
+            return message.replace(f"$.rules[{index}].match[...]", named, 1)
     return message
 
 

@@ -331,6 +331,16 @@ def test_load_rules_reads_a_file(tmp_path: Path) -> None:
             ["'r-match'", "match", "channel"],
             id="match-without-values",
         ),
+        pytest.param(  # msgspec wrote match[...][1]: which of the rule's match fields?
+            one_rule("window: day\nmatch: {channel: [atm], mcc: [6011, null]}\nmax_count: 1"),
+            ["'r1'", 'match["mcc"][1]', "null"],
+            id="match-value-not-a-scalar",
+        ),
+        pytest.param(
+            one_rule("window: day\nmatch: {channel: atm, mcc: {6011: x}}\nmax_count: 1"),
+            ["'r1'", 'match["mcc"]', "object"],
+            id="match-values-a-mapping",
+        ),
         pytest.param(
             one_rule("window: day\nmatch: [channel]\nmax_count: 1", "r-match"),
             ["'r-match'", "match"],
