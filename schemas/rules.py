@@ -731,8 +731,43 @@ class _StreamingRulesLoader(_RulesLoader):
         return node
 
 
+_SURROGATE_PAIR: Final = re.compile(
+    r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})", re.IGNORECASE
+)
+"""A JSON escape of a character past U+FFFF, as a surrogate pair (``\\ud83d\\ude00``,
+as ``json.dumps`` writes every such character), after an even number of backslashes."""
+
+
+def _json_pairs_for_yaml(text: str | bytes) -> str | bytes:
+    """``text`` with each surrogate pair escape written as YAML's one escape of the
+    character (``\\U0001f600``), when ``text`` is JSON: YAML refuses an escaped surrogate,
+    so a valid JSON rules file with an emoji or a CJK Extension B character in a value was
+    refused as "not valid YAML". Other text is returned as it is (in YAML, a backslash
+    outside a double-quoted scalar is itself, and the escape is refused as before)."""
+    if isinstance(text, bytes):
+        try:
+            decoded = text.decode("utf-8")
+        except UnicodeDecodeError:
+            return text
+    else:
+        decoded = text
+    if _SURROGATE_PAIR.search(decoded) is None:
+        return text
+    try:
+        json.loads(decoded.removeprefix("\ufeff"), parse_float=str, parse_constant=str)
+    except (ValueError, RecursionError):
+        return text  # not JSON: every backslash is not then in a JSON string
+    return _SURROGATE_PAIR.sub(_one_escape, decoded)
+
+
+def _one_escape(found: re.Match[str]) -> str:
+    high, low = int(found[2], 16), int(found[3], 16)
+    return f"{found[1]}\\U{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00):08x}"
+
+
 def _read_yaml(text: str | bytes) -> tuple[Any, _RulesLoader]:
     """The file read as YAML, and the loader that read it (its flags)."""
+    text = _json_pairs_for_yaml(text)
     may_alias = ("*" if isinstance(text, str) else b"*") in text  # type: ignore[operator]
     try:
         if not may_alias:

@@ -933,6 +933,23 @@ def test_a_json_file_is_read_as_json_and_yaml_is_not() -> None:
         assert rules_module._plain_json(text) is None
 
 
+def test_a_json_file_with_characters_past_u_ffff_escaped_is_read() -> None:
+    # json.dumps escapes them as surrogate pairs, which YAML refuses: such a generated
+    # file (a merchant's emoji, a CJK Extension B name) was refused as "not valid YAML"
+    merchants = ["\U00020000\u5e97", "\\ud83d\\ude00", "\\\U0001f600"]
+    rule = {"id": "r", "window": "day", "max_count": 1, "description": "pay \U0001f600"}
+    data = {"rules": [{**rule, "match": {"merchant": merchants}}]}
+    text = json.dumps(data)
+    assert "\\ud83d\\ude00" in text
+    for written in (text, text.encode(), ("\ufeff" + text).encode(), text.replace("1,", "1.0,")):
+        assert parse_rules(written).rules[0].match == (("merchant", frozenset(merchants)),)
+    # a lone surrogate is no character: refused as before, and so is YAML's escape of one
+    assert "not valid YAML" in refusal(text.replace("pay \\ud83d\\ude00", "pay \\ud83d"))
+    assert "not valid YAML" in refusal(
+        one_rule('window: day\nmax_count: 1\ndescription: "\\ud83d\\ude00"')
+    )
+
+
 # -- a YAML file read rule by rule ------------------------------------------------------
 
 
