@@ -355,9 +355,16 @@ class MongoStore(Store):
                         if exc.code != 48:  # NamespaceExists: another init won the race
                             raise
             for name in EXPIRING:
-                await self._collection(name).create_index(
-                    "expires_at", name=TTL_INDEX, expireAfterSeconds=0
-                )
+                collection = self._collection(name)
+                found = (await collection.index_information()).get(TTL_INDEX)
+                if found is not None and (wrong := _ttl_trouble(found)):
+                    # MongoDB would refuse the index below as conflicting with it, by name
+                    raise StoreRejected(
+                        f"MongoDB collection {self.database_name}.{name}: {wrong}; drop it"
+                        f" (db.{name}.dropIndex({TTL_INDEX!r})) and run `limitflow store"
+                        " init` again"
+                    )
+                await collection.create_index("expires_at", name=TTL_INDEX, expireAfterSeconds=0)
         except PyMongoError as exc:
             raise _translate(exc) from exc
 
@@ -373,10 +380,15 @@ class MongoStore(Store):
             for name in EXPIRING:
                 indexes = await self._collection(name).index_information()
                 ttl = indexes.get(TTL_INDEX)
-                if ttl is None or ttl.get("expireAfterSeconds") is None:
+                if ttl is None:
                     raise StoreNotInitialized(
                         f"MongoDB collection {self.database_name}.{name} has no TTL index "
                         "on expires_at"
+                    )
+                if wrong := _ttl_trouble(ttl):
+                    raise StoreNotInitialized(
+                        f"MongoDB collection {self.database_name}.{name}: {wrong}; drop it"
+                        f" (db.{name}.dropIndex({TTL_INDEX!r})), then"
                     )
         except PyMongoError as exc:
             raise _translate(exc) from exc
@@ -384,6 +396,23 @@ class MongoStore(Store):
     async def close(self) -> None:
         if self._owns_client:
             await self.client.close()
+
+
+def _ttl_trouble(index: Mapping[str, Any]) -> str | None:
+    """What keeps the index named ``TTL_INDEX`` from deleting limitflow's records as they
+    expire, as ``store init`` makes it (``expires_at``, ``expireAfterSeconds: 0``); None
+    if nothing does. One on another field deletes none of them, a later
+    ``expireAfterSeconds`` keeps them past the retention the URL sets."""
+    fields = [field for field, _ in index.get("key", ())]
+    after = index.get("expireAfterSeconds")
+    if fields == ["expires_at"] and after == 0 and type(after) is not bool:
+        return None
+    return (
+        f"its index {TTL_INDEX} is on {', '.join(fields) or 'nothing'}"
+        + ("" if after is None else f" with expireAfterSeconds {after}")
+        + ", not on expires_at with expireAfterSeconds 0: expired records would not be"
+        " deleted as they expire"
+    )
 
 
 def _discard_server_session(session: AsyncClientSession) -> None:

@@ -205,6 +205,34 @@ async def test_check_notices_a_dropped_ttl_index(store: MongoStore) -> None:
         await store.check()
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("field", "after"), [("expired", 0), ("expires_at", 400 * DAY)], ids=["field", "after"]
+)
+async def test_a_ttl_index_that_would_not_delete_as_records_expire_is_not_initialised(
+    store_url: str, field: str, after: int
+) -> None:
+    # check looked only for an index of that name with some expireAfterSeconds: one on
+    # another field (nothing ever deleted) or 400 days late passed, and init then failed
+    # with the server's "Conflicting index definition"
+    store = MongoStore.from_url(store_url)
+    try:
+        for name in ("buckets", "accounts", "events"):
+            await store._db.create_collection(name)
+        for name in ("buckets", "events"):
+            await store._db[name].create_index(field, name=TTL_INDEX, expireAfterSeconds=after)
+        with pytest.raises(StoreNotInitialized, match="not on expires_at with expireAfter"):
+            await store.check()
+        with pytest.raises(StoreRejected, match=r"dropIndex\('expires_at_ttl'\)"):
+            await store.init()
+        for name in ("buckets", "events"):
+            await store._db[name].drop_index(TTL_INDEX)
+        await store.init()
+        await store.check()
+    finally:
+        await store.close()
+
+
 # -- reads and writes --------------------------------------------------------------------
 
 
