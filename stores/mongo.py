@@ -444,7 +444,8 @@ def split_url(url: str) -> tuple[str, str]:
             f"{redacted(url)}: a user name or password with / ? # @ or : in it must be"
             " percent-encoded (%2F %3F %23 %40 %3A)"
         )
-    database = unquote(parts.path.lstrip("/")) or DEFAULT_DATABASE
+    named = unquote(parts.path.lstrip("/"))
+    database = named or DEFAULT_DATABASE
     if "/" in database or any(c in database for c in ' ."$\\\0'):
         raise ConfigError(f"{redacted(url)}: {database!r} is not a MongoDB database name")
     if len(database.encode()) > 63:  # MongoDB's own limit, which store init met only
@@ -475,7 +476,9 @@ def split_url(url: str) -> tuple[str, str]:
         for option in re.split(r"[&;]", parts.query)
         if option and unquote(option.partition("=")[0]) not in RETENTION_PARAMS
     )
-    driver_url = urlunsplit((parts.scheme, parts.netloc, f"/{database}", query, ""))
+    # the driver logs in to the URL's database (unless authSource says another): none
+    # given, it logs in to admin, as every MongoDB client does, not to the default
+    driver_url = urlunsplit((parts.scheme, parts.netloc, f"/{named}", query, ""))
     return driver_url, database
 
 

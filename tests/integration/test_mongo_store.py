@@ -101,10 +101,7 @@ def record(event_id: str, version: int = 1, **changes: Any) -> EventRecord:
 
 
 def test_url_database_defaults_to_limitflow() -> None:
-    assert split_url("mongodb://127.0.0.1:27017") == (
-        "mongodb://127.0.0.1:27017/limitflow",
-        "limitflow",
-    )
+    assert split_url("mongodb://127.0.0.1:27017") == ("mongodb://127.0.0.1:27017/", "limitflow")
     assert split_url("mongodb://h:1/")[1] == "limitflow"
     assert split_url("mongodb://h:1/risk")[1] == "risk"
 

@@ -86,3 +86,24 @@ def test_a_mechanism_shows_in_messages_and_a_secret_option_does_not() -> None:
     assert redacted(url) == (
         "mongodb://app@h:1/lf?authMechanism=SCRAM-SHA-256&authMechanismProperties=***"
     )
+
+
+def test_a_url_without_a_database_logs_in_where_any_client_would() -> None:
+    # the driver was given the default database, limitflow, as the URL's path: a user
+    # created in admin (MongoDB's own default for a URL without one) could not log in
+    from pymongo import AsyncMongoClient
+
+    from stores.mongo import MongoStore
+
+    for url, source in (
+        ("mongodb://app:pw@h:1", "admin"),
+        ("mongodb://app:pw@h:1/?replicaSet=rs0", "admin"),
+        ("mongodb://app:pw@h:1/risk", "risk"),
+        ("mongodb://app:pw@h:1/?authSource=users", "users"),
+    ):
+        store = MongoStore.from_url(url)
+        assert store.database_name == ("risk" if "/risk" in url else "limitflow")
+        plain: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(url, connect=False)
+        for client in (store.client, plain):
+            credentials = client.options.pool_options._credentials
+            assert credentials is not None and credentials.source == source, url
