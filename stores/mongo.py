@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from bson import Binary
 from pymongo import AsyncMongoClient, InsertOne, ReplaceOne
@@ -477,8 +477,9 @@ def split_url(url: str) -> tuple[str, str]:
         if option and unquote(option.partition("=")[0]) not in RETENTION_PARAMS
     )
     # the driver logs in to the URL's database (unless authSource says another): none
-    # given, it logs in to admin, as every MongoDB client does, not to the default
-    driver_url = urlunsplit((parts.scheme, parts.netloc, f"/{named}", query, ""))
+    # given, it logs in to admin, as every MongoDB client does, not to the default.
+    # Encoded again, or the driver read a name's ? as the options, and its + as a space
+    driver_url = urlunsplit((parts.scheme, parts.netloc, f"/{quote(named, safe='')}", query, ""))
     return driver_url, database
 
 

@@ -107,3 +107,16 @@ def test_a_url_without_a_database_logs_in_where_any_client_would() -> None:
         for client in (store.client, plain):
             credentials = client.options.pool_options._credentials
             assert credentials is not None and credentials.source == source, url
+
+
+def test_a_database_name_reaches_the_driver_as_limitflow_reads_it() -> None:
+    # the name went to the driver decoded: a%3Fb was refused ("MongoDB URI options are
+    # key=value pairs"), a%2Bb and a+b too (the driver reads + as a space: "Bad database
+    # name"), and a%2541 was logged in to as aA
+    from stores.mongo import MongoStore
+
+    for path, name in (("a%3Fb", "a?b"), ("a%2Bb", "a+b"), ("a+b", "a+b"), ("a%2541", "a%41")):
+        store = MongoStore.from_url(f"mongodb://app:pw@h:1/{path}?replicaSet=rs0")
+        assert store.database_name == name
+        credentials = store.client.options.pool_options._credentials
+        assert credentials is not None and credentials.source == name, path
