@@ -126,6 +126,13 @@ class MongoStore(Store):
         super().__init__(retention, clock=clock)
         self.client = client
         self.database_name = database
+        # w=majority always (split_url refuses another w); the URL's wtimeoutMS and
+        # journal=true are kept, not dropped without a word: a commit that no majority
+        # acknowledges then ends, unknown, where it would have waited for ever
+        given = client.write_concern.document
+        self._write_concern = WriteConcern(
+            "majority", wtimeout=given.get("wtimeout"), j=True if given.get("j") else None
+        )
         # reads see only what a majority holds: a local read may see a transaction
         # that a failover then rolls back, and answer a resend with its verdict, which
         # the retried batch may then decide otherwise
@@ -133,7 +140,7 @@ class MongoStore(Store):
             database,
             read_preference=ReadPreference.PRIMARY,
             read_concern=ReadConcern("majority"),
-            write_concern=WriteConcern("majority"),
+            write_concern=self._write_concern,
         )
         self._owns_client = owns_client
 
@@ -240,7 +247,7 @@ class MongoStore(Store):
         docs = [{"_id": key, "meaning": m} for key, m in meanings.items()]
         try:
             async with self.client.start_session(causal_consistency=False) as session:
-                await session.start_transaction(write_concern=WriteConcern("majority"))
+                await session.start_transaction(write_concern=self._write_concern)
                 # a duplicate key (another member's, if it got there first, stays) aborts
                 # the transaction: none of these is kept
                 try:
@@ -299,7 +306,7 @@ class MongoStore(Store):
             async with self.client.start_session(causal_consistency=False) as session:
                 await session.start_transaction(
                     read_concern=ReadConcern("snapshot"),
-                    write_concern=WriteConcern("majority"),
+                    write_concern=self._write_concern,
                 )
                 # leaving the session's block aborts an uncommitted transaction
                 try:
@@ -461,6 +468,12 @@ def split_url(url: str) -> tuple[str, str]:
             raise ConfigError(
                 f"{redacted(url)}: w={unquote(value)}: limitflow always writes with"
                 " w=majority (its transactions need it); remove the option"
+            )
+        if unquote(name).lower() == "journal" and unquote(value).lower() != "true":
+            # j=false would let a commit be acknowledged before a majority journaled it
+            raise ConfigError(
+                f"{redacted(url)}: journal={unquote(value)}: limitflow's commits wait for"
+                " the journal; remove the option"
             )
         if unquote(name).lower() == "readconcernlevel" and unquote(value) != "majority":
             # likewise overridden: reads see only what a failover cannot roll back

@@ -304,6 +304,30 @@ async def test_reads_see_only_what_a_majority_of_the_replica_set_holds(mongo_uri
 
 
 @pytest.mark.integration
+async def test_the_urls_wtimeout_reaches_every_commit(mongo_uri: str) -> None:
+    # the store's w=majority replaced the URL's write concern whole: wtimeoutMS was
+    # dropped without a word, and a commit no majority acknowledged waited for ever
+    commands = _Commands()
+    database = fresh_database()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        database_url(mongo_uri, database, wtimeoutMS="5000", journal="true"),
+        event_listeners=[commands],
+    )
+    store = MongoStore(client, database)
+    try:
+        await store.init()
+        commands.sent.clear()
+        await store.commit(Writes(events={"e1": record("e1")}))
+        (commit,) = [c for c in commands.sent if "commitTransaction" in c]
+        assert commit["writeConcern"] == {"w": "majority", "wtimeout": 5000, "j": True}
+    finally:
+        await client.drop_database(database)
+        await client.close()
+    with pytest.raises(ConfigError, match="journal=false: limitflow's commits wait"):
+        MongoStore.from_url(database_url(mongo_uri, database, journal="false"))
+
+
+@pytest.mark.integration
 async def test_a_bucket_whose_expiry_has_milliseconds_can_still_be_written(
     store: MongoStore, store_url: str
 ) -> None:
