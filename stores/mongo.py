@@ -97,10 +97,11 @@ _ILLEGAL_OPERATION: Final = 20
 _DUPLICATE_KEY = 11000
 _NOT_INITIALIZED_CODES = frozenset({26})  # NamespaceNotFound
 _UNAVAILABLE_CODES = frozenset(
-    {6, 7, 64, 89, 91, 189, 262, 9001, 10107, 11600, 11601, 11602, 13435, 13436, 50, 202}
+    {6, 7, 64, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11601, 11602, 13435, 13436, 50, 202}
 )
 """HostUnreachable, HostNotFound, WriteConcernFailed, NetworkTimeout, ShutdownInProgress,
-PrimarySteppedDown, ExceededTimeLimit, SocketException, NotWritablePrimary,
+ReadConcernMajorityNotAvailableYet (a member just started or elected: every read is at
+majority), PrimarySteppedDown, ExceededTimeLimit, SocketException, NotWritablePrimary,
 InterruptedAtShutdown, Interrupted, InterruptedDueToReplStateChange,
 NotPrimaryNoSecondaryOk, NotPrimaryOrSecondary, MaxTimeMSExpired,
 NetworkInterfaceExceededTimeLimit. (A commit retried after one of them is safe: it is

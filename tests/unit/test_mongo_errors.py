@@ -120,3 +120,25 @@ def test_a_database_name_reaches_the_driver_as_limitflow_reads_it() -> None:
         assert store.database_name == name
         credentials = store.client.options.pool_options._credentials
         assert credentials is not None and credentials.source == name, path
+
+
+def test_a_majority_read_before_the_member_can_serve_one_is_retriable() -> None:
+    # every read is at read concern majority: a primary just started or elected answers
+    # ReadConcernMajorityNotAvailableYet (134) until it has a majority snapshot, which
+    # PyMongo retries once and then raises; it was StoreRejected, and `run` stopped
+    from pymongo.errors import OperationFailure
+
+    said = "Read concern majority reads are currently not possible."
+    error = _translate(
+        OperationFailure(
+            said,
+            134,
+            {
+                "ok": 0,
+                "errmsg": said,
+                "code": 134,
+                "codeName": "ReadConcernMajorityNotAvailableYet",
+            },
+        )
+    )
+    assert isinstance(error, StoreUnavailable) and error.retriable
