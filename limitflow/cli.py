@@ -71,7 +71,8 @@ async def open_ready_store(
     create: bool = True,
     stopping: Callable[[], bool] | None = None,
 ) -> object:
-    """Open the store of ``url``; embedded stores are created (unless not ``create``),
+    """Open the store of ``url``; embedded stores are created (unless not ``create``:
+    then a sqlite file is left in its journal mode, see ``stores.sqlite._open``),
     servers must be initialised. With ``rules``, the store keeps what their counters hold
     (only where it ``create``s: else it compares), and a rule whose counters it keeps
     under another meaning is refused (``Store.keep_rules``). ``lock_wait``: see
@@ -82,7 +83,11 @@ async def open_ready_store(
     from stores.base import redacted
 
     try:
-        store = open_store(url, lock_wait=lock_wait, password=store_password(os.environ))
+        # a store not made here is not changed by opening it: a sqlite file's journal mode
+        # stays (a dry run, a check)
+        store = open_store(
+            url, lock_wait=lock_wait, password=store_password(os.environ), wal=create
+        )
         try:
             if create and url.startswith(("memory:", "sqlite:")):
                 refuse_foreign = getattr(store, "refuse_foreign", None)

@@ -73,6 +73,7 @@ def open_store(
     *,
     lock_wait: float | None = None,
     password: str | None = None,
+    wal: bool = True,
 ) -> Store:
     """Build the store a URL names: ``memory://``, ``sqlite:///PATH``, ``mongodb://…``,
     ``dynamodb://PREFIX?endpoint_url=…``. Nothing is contacted until first use.
@@ -82,6 +83,8 @@ def open_store(
     a commit fails as unavailable (default ``stores.sqlite.LOCK_WAIT``).
     ``password``: of a MongoDB store whose URL names its user alone (other stores have
     none: not used).
+    ``wal``: a sqlite file is switched to WAL (else left in its journal mode, for a
+    command that writes nothing: see ``stores.sqlite._open``).
     """
     parts = urlsplit(url)
     retention, path = embedded(url)
@@ -93,7 +96,11 @@ def open_store(
         from stores.sqlite import LOCK_WAIT, SqliteStore
 
         return SqliteStore(
-            path, retention, clock=clock, lock_wait=LOCK_WAIT if lock_wait is None else lock_wait
+            path,
+            retention,
+            clock=clock,
+            lock_wait=LOCK_WAIT if lock_wait is None else lock_wait,
+            wal=wal,
         )
     try:
         if parts.scheme in ("mongodb", "mongodb+srv"):

@@ -289,11 +289,12 @@ class SqliteStore(Store):
         retention: Retention | None = None,
         *,
         lock_wait: float = LOCK_WAIT,
+        wal: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(retention, **kwargs)
         self.path = path
-        self._db = _open(path)
+        self._db = _open(path, wal=wal)
         # SQLite waits for a lock inside the call, holding the event loop: `limitflow run`
         # keeps this short and retries with its own backoff, which lets the loop go on
         self.lock_wait = lock_wait
@@ -704,18 +705,24 @@ def _earliest(written_at: int, retention: int) -> int:
     return min(written_at + retention, LATEST_EXPIRY)
 
 
-def _open(path: str) -> sqlite3.Connection:
+def _open(path: str, *, wal: bool = True) -> sqlite3.Connection:
     """Connect in WAL mode. Switching a new file to WAL fails at once with SQLITE_BUSY
     while another process opens it too (SQLite's busy handler is not used there), as
-    when two consumers start together: retry until ``_OPEN_TIMEOUT``."""
+    when two consumers start together: retry until ``_OPEN_TIMEOUT``.
+
+    Not ``wal``: the file's journal mode (and a new file's page size) as it is, for a
+    command that writes nothing (``replay --dry-run``, ``rules check --store``). The
+    journal mode is kept in the file: a copy in rollback mode (``VACUUM INTO`` makes
+    one) was switched to WAL by a dry run on it."""
     deadline = time.monotonic() + _OPEN_TIMEOUT
     delay = 0.01
     while True:
         db: sqlite3.Connection | None = None
         try:
             db = sqlite3.connect(path, timeout=_OPEN_TIMEOUT, isolation_level=None)
-            db.execute(f"PRAGMA page_size={_PAGE_BYTES}")  # a new file's; a file keeps its own
-            db.execute("PRAGMA journal_mode=WAL")
+            if wal:
+                db.execute(f"PRAGMA page_size={_PAGE_BYTES}")  # a new file's; a file keeps its own
+                db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA cache_size=-65536")
             db.execute(f"PRAGMA wal_autocheckpoint={_CHECKPOINT_PAGES}")

@@ -774,6 +774,32 @@ def test_a_dry_run_on_a_store_of_an_older_version_says_to_run_store_init(
     assert done.returncode == 0, done.stderr.decode()
 
 
+@pytest.mark.parametrize("command", ["dry-run", "rules-check"])
+def test_a_command_that_writes_nothing_leaves_the_file_s_journal_mode(
+    tmp_path: Path, rules: Path, store_a: Path, command: str
+) -> None:
+    # a copy made by `VACUUM INTO` (the way to snapshot a store in use) is in rollback
+    # mode: the file's header said WAL once a dry run or a check had opened it
+    copy = tmp_path / "copy.db"
+    with closing(sqlite3.connect(store_a)) as db:
+        db.execute(f"VACUUM INTO '{copy}'")
+    before = copy.read_bytes()
+    store = f"sqlite:///{copy}"
+    args = {
+        "dry-run": [
+            *("replay", "--rules", str(rules), "--dry-run", "--store", store),
+            *("--input", str(write(tmp_path / "one.jsonl", [pay("p9")]))),
+            *("--output", str(tmp_path / "o.jsonl"), "--dead-letter", str(tmp_path / "d.jsonl")),
+        ],
+        "rules-check": ["rules", "check", str(rules), "--store", store],
+    }[command]
+    result = limitflow(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr.decode()
+    assert copy.read_bytes() == before
+    with closing(sqlite3.connect(copy)) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+
 @pytest.mark.parametrize("command", ["dry-run", "rules-check", "forget-rule"])
 def test_a_command_that_writes_nothing_refuses_another_program_s_file(
     tmp_path: Path, rules: Path, command: str
@@ -2142,8 +2168,8 @@ def _run_sigterm_as_sqlite_opens(tmp_path: Path, rules: Path, then: str) -> tupl
         from limitflow.__main__ import main
 
         opened = stores.sqlite._open
-        def _open(path):
-            db = opened(path)
+        def _open(path, **options):
+            db = opened(path, **options)
             signal.raise_signal(signal.SIGTERM)  # while the open holds the loop
             return db
         stores.sqlite._open = _open
@@ -2249,7 +2275,7 @@ def test_a_store_not_initialized_says_what_is_missing_and_the_hint_once(
             pass
 
     monkeypatch.setattr(
-        stores, "open_store", lambda url, lock_wait=None, password=None: Uninitialised()
+        stores, "open_store", lambda url, lock_wait=None, password=None, wal=True: Uninitialised()
     )
     with pytest.raises(CommandFailed) as caught:
         asyncio.run(open_ready_store("dynamodb://t?region=x"))
