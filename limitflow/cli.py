@@ -70,6 +70,7 @@ async def open_ready_store(
     lock_wait: float | None = None,
     create: bool = True,
     stopping: Callable[[], bool] | None = None,
+    as_is: bool = False,
 ) -> object:
     """Open the store of ``url``; embedded stores are created (unless not ``create``:
     then a sqlite file is left in its journal mode, see ``stores.sqlite._open``),
@@ -78,7 +79,10 @@ async def open_ready_store(
     under another meaning is refused (``Store.keep_rules``). ``lock_wait``: see
     ``stores.open_store``. ``stopping``: whether a stop was asked for; one asked for
     before the meanings are kept, or in a wait for a lock to keep them, raises
-    ``StoppedOpening`` (see ``Store.stopping``)."""
+    ``StoppedOpening`` (see ``Store.stopping``). ``as_is`` (not ``create``): a sqlite
+    file that lacks tables or columns is taken as it is, for a command that only reads
+    its rules' meanings and counters: a start adds what is missing (none of which holds
+    a meaning)."""
     from stores import open_store
     from stores.base import redacted
 
@@ -95,7 +99,11 @@ async def open_ready_store(
                     refuse_foreign()
                 await store.init()
             else:
-                await store.check()
+                try:
+                    await store.check()
+                except StoreNotInitialized:
+                    if not (as_is and url.startswith("sqlite:")):
+                        raise
             if rules is not None:
                 if stopping is not None and stopping():  # noted in a wait just ended
                     raise StoppedOpening("stopped before the rules' meanings were kept")
@@ -601,7 +609,10 @@ async def _on_store(url: str, work: Callable[[Any], Awaitable[int]]) -> int:
     refusals as the commands say them."""
     from stores.base import CountersLive, Store
 
-    store = await open_ready_store(url, create=False)
+    # a file a start would take, lacking what it adds (older, or left without tables),
+    # was refused with the advice to run `store init`, whose columns broke the inserts
+    # of older consumers still writing it
+    store = await open_ready_store(url, create=False, as_is=True)
     assert isinstance(store, Store)
     try:
         return await work(store)

@@ -774,6 +774,45 @@ def test_a_dry_run_on_a_store_of_an_older_version_says_to_run_store_init(
     assert done.returncode == 0, done.stderr.decode()
 
 
+@pytest.mark.parametrize("made", ["older", "no-tables"])
+def test_rules_check_and_forget_rule_take_a_sqlite_file_a_start_would_take(
+    tmp_path: Path, rules: Path, store_a: Path, made: str
+) -> None:
+    # a file of a version before 2026-11-24 (no `born` columns, no meta table), or one
+    # made and left without tables: a replay or a run adds what is missing, and keeps no
+    # meaning there before it. Both commands said "run `limitflow store init`" (exit 3),
+    # which, on a file older consumers still wrote, broke their inserts
+    if made == "older":
+        with closing(sqlite3.connect(store_a)) as db:
+            db.execute("ALTER TABLE buckets DROP COLUMN born")
+            db.execute("ALTER TABLE events DROP COLUMN born")
+            db.execute("DROP TABLE meta")
+    else:
+        store_a.unlink()
+        with closing(sqlite3.connect(store_a)) as db:
+            db.execute("PRAGMA journal_mode=WAL")  # the header alone, as an open makes it
+    before = store_a.read_bytes()
+    store = f"sqlite:///{store_a}"
+    checked = limitflow("rules", "check", str(rules), "--store", store, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr.decode()
+    assert checked.stdout.decode().endswith(
+        f"{store}: takes these rules (none kept there yet, 1 new: kept at the first start,"
+        " 1 transaction rule (no counters))\n"
+    )
+    forget = limitflow("store", "forget-rule", "acct-day-2", "--store", store, cwd=tmp_path)
+    assert forget.returncode == 0, forget.stderr.decode()
+    assert forget.stdout.decode() == f"{store}: keeps nothing for rule 'acct-day-2'\n"
+    assert store_a.read_bytes() == before
+    # and a start takes it, as the check said
+    source = write(tmp_path / "one.jsonl", [pay("p9")])
+    started = limitflow(
+        *("replay", "--rules", str(rules), "--input", str(source), "--store", store),
+        *("--output", str(tmp_path / "o.jsonl"), "--dead-letter", str(tmp_path / "d.jsonl")),
+        cwd=tmp_path,
+    )
+    assert started.returncode == 0, started.stderr.decode()
+
+
 @pytest.mark.parametrize("command", ["dry-run", "rules-check"])
 def test_a_command_that_writes_nothing_leaves_the_file_s_journal_mode(
     tmp_path: Path, rules: Path, store_a: Path, command: str
