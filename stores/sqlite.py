@@ -97,6 +97,20 @@ file reads it once), and left out of expiry (it holds nothing that names an even
 _RULE: Final = "rule:"
 """The start of the ``meta`` rows of what each rule's counters hold (``Store.keep_rules``):
 ``rule:<id>:<window>``, kept until ``store forget-rule`` (small, and naming no event)."""
+_FIRST_COLUMNS: Final = {
+    "buckets": frozenset({"key", "count", "amount", "version", "period_end", "expires_at"}),
+    "accounts": frozenset({"id", "seq", "version"}),
+    "events": frozenset(
+        {
+            *("id", "fingerprint", "account_id", "type", "accepted", "seq", "verdict"),
+            *("amount", "currency", "reversed", "buckets", "occurred", "version", "expires_at"),
+        }
+    ),
+    "meta": frozenset({"name", "value"}),
+}
+"""limitflow's tables and the columns each has had from the first: a table of one of
+these names without them is another program's (``events``, ``accounts``, ``meta`` are
+common names)."""
 _ADDED_COLUMNS: Final = (("buckets", "born INTEGER"), ("events", "born TEXT"))
 """Columns added since the first schema: ``init`` adds them to a file made before (its
 rows read them as NULL: a bucket's life and a record's list not known)."""
@@ -310,6 +324,12 @@ class SqliteStore(Store):
         # once, at start: the whole wait in SQLite's calls, as the statements are several
         self._db.execute(f"PRAGMA busy_timeout={int(self.lock_wait * 1000)}")
         try:
+            self._refuse_alien(
+                [
+                    row[0]
+                    for row in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                ]
+            )
             self._db.executescript(_SCHEMA)
             self._db.execute(_META_SCHEMA)
             for table, column in _ADDED_COLUMNS:
@@ -330,7 +350,10 @@ class SqliteStore(Store):
         """Raise ``StoreRejected`` when the file holds tables and none of limitflow's: a
         store URL that names another program's database (a typo, a path copied from the
         wrong setting). Making limitflow's tables there would mix a payment processor's
-        state into it. ``limitflow store init`` adds them all the same, when asked."""
+        state into it. ``limitflow store init`` adds them all the same, when asked.
+        Also when one of its tables has a name of limitflow's and not its columns:
+        limitflow added its tables and the rules' meanings, and a column to that table,
+        before its first commit failed ("no such column")."""
         try:
             names = sorted(
                 row[0]
@@ -339,12 +362,33 @@ class SqliteStore(Store):
             )
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
-        if names and not {"buckets", "accounts", "events", "meta"} & set(names):
+        self._refuse_alien(names)
+        if names and not _FIRST_COLUMNS.keys() & set(names):
             shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
             raise StoreRejected(
                 f"{self.path} holds tables of another program ({shown}) and none of"
                 " limitflow's: give limitflow a file of its own (`limitflow store init`"
                 " adds its tables there all the same)"
+            )
+
+    def _refuse_alien(self, names: list[str]) -> None:
+        """Raise ``StoreRejected`` when one of the tables ``names`` has a name of
+        limitflow's and not its columns: no store can be made there (``store init`` too
+        added a column to it, and said the file was ready)."""
+        try:
+            alien = [
+                name
+                for name in names
+                if name in _FIRST_COLUMNS
+                and not _FIRST_COLUMNS[name]
+                <= {row[1] for row in self._db.execute(f"PRAGMA table_info({name})")}
+            ]
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+        if alien:
+            raise StoreRejected(
+                f"{self.path} holds a table of another program under the name of one of"
+                f" limitflow's ({', '.join(alien)}): give limitflow a file of its own"
             )
 
     async def _verify(self) -> None:

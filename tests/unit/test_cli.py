@@ -597,20 +597,47 @@ def test_a_relative_store_path_whose_folder_exists_gets_no_four_slash_hint(
     assert "four slashes" not in reason
 
 
+@pytest.mark.parametrize(
+    "tables",
+    [
+        "CREATE TABLE events (id TEXT PRIMARY KEY, payload TEXT)",
+        # tables of limitflow's names that are not its: common names
+        "CREATE TABLE customers (id INTEGER); CREATE TABLE events (id INTEGER, kind TEXT)",
+        "CREATE TABLE users (id INTEGER); CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",
+    ],
+)
 def test_a_sqlite_file_of_another_program_with_the_same_table_names_is_refused(
-    tmp_path: Path, rules: Path
+    tmp_path: Path, rules: Path, tables: str
 ) -> None:
     # its own events table: "no such column" read as an outage, which run retries for
-    # ever with /readyz 503, instead of the one line and exit 3 of any other such file
+    # ever with /readyz 503, instead of the one line and exit 3 of any other such file.
+    # Then refused at the first commit, once limitflow had added its tables to the file,
+    # a `born` column to that program's table, and the rules' meanings
     with closing(sqlite3.connect(tmp_path / "other.db")) as db:
-        db.execute("CREATE TABLE events (id TEXT PRIMARY KEY, payload TEXT)")
-        db.commit()
+        db.executescript(tables)
+    schema = _schema(tmp_path / "other.db")
     source = write(tmp_path / "in.jsonl", [pay("p1")])
     result = limitflow(*_replay_args(rules, source, "sqlite:///other.db"), cwd=tmp_path)
     assert result.returncode == 3
     reason = one_line_reason(result)
-    assert "no such column" in reason and "the file's tables are not limitflow's" in reason
-    assert "SQLite other.db: " in reason
+    name = "meta" if "meta" in tables else "events"
+    assert reason == (
+        f"limitflow: store: other.db holds a table of another program under the name of"
+        f" one of limitflow's ({name}): give limitflow a file of its own"
+    )
+    assert _schema(tmp_path / "other.db") == schema  # nothing added, nothing altered
+    # nor by `store init`, which said "ready", and no start could use the file
+    init = limitflow("store", "init", "--store", "sqlite:///other.db", cwd=tmp_path)
+    assert init.returncode == 3
+    assert one_line_reason(init) == reason
+    assert _schema(tmp_path / "other.db") == schema
+
+
+def _schema(path: Path) -> list[tuple[str, list[str]]]:
+    """Each table of a sqlite file, with its columns."""
+    with closing(sqlite3.connect(path)) as db:
+        names = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return [(n, [c[1] for c in db.execute(f"PRAGMA table_info({n})")]) for n in names]
 
 
 @pytest.mark.parametrize(
