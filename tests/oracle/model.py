@@ -21,6 +21,7 @@ it was added to.
 
 from __future__ import annotations
 
+import calendar
 import functools
 import json
 import re
@@ -48,7 +49,7 @@ LATEST: Final = datetime(9999, 12, 31, tzinfo=UTC)
 LATEST_EXPIRY: Final = 253_402_214_400  # 9999-12-31T00:00:00Z: no record expires later
 EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 END_SLACK: Final = 86_400  # README: a period's local end read as UTC, + 24 h
-FORMATS: Final = {"minute": "%Y-%m-%dT%H:%M", "hour": "%Y-%m-%dT%H", "day": "%Y-%m-%d"}
+DAY: Final = 86_400
 
 NOT_ITS_CURRENCY: Final = "reversal: currency not its original's"
 FINER_THAN_ITS_ORIGINAL: Final = "reversal: amount finer than its original's currency"
@@ -120,7 +121,13 @@ class Rule:
             return f"{local.year:04d}-{local.month:02d}"
         if self.window == "year":
             return f"{local.year:04d}"
-        return local.strftime(FORMATS[self.window])
+        # not strftime: glibc's %Y writes the year 999 as "999", the contract "0999"
+        day = f"{local.year:04d}-{local.month:02d}-{local.day:02d}"
+        if self.window == "day":
+            return day
+        if self.window == "hour":
+            return f"{day}T{local.hour:02d}"
+        return f"{day}T{local.hour:02d}:{local.minute:02d}"
 
 
 def period_end(window: str, period: str) -> int | None:
@@ -128,21 +135,25 @@ def period_end(window: str, period: str) -> int | None:
     start) read as UTC, + 24 h; None for a lifetime bucket, which never expires."""
     if window == "lifetime":
         return None
-    # the local wall time of the next period's start, read as UTC
+    # the local wall time of the period's start, read as UTC, and its length: the next
+    # period's start itself is past Python's calendar for the last ones of 9999
     if window == "week":
         year, week = period.split("-W")
         monday = datetime.fromisocalendar(int(year), int(week), 1)
-        end = datetime(monday.year, monday.month, monday.day, tzinfo=UTC) + timedelta(7)
+        start, length = datetime(monday.year, monday.month, monday.day, tzinfo=UTC), 7 * DAY
     elif window == "month":
         y, m = map(int, period.split("-"))
-        end = datetime(y + m // 12, m % 12 + 1, 1, tzinfo=UTC)
+        start, length = datetime(y, m, 1, tzinfo=UTC), calendar.monthrange(y, m)[1] * DAY
     elif window == "year":
-        end = datetime(int(period) + 1, 1, 1, tzinfo=UTC)
+        y = int(period)
+        start, length = datetime(y, 1, 1, tzinfo=UTC), (366 if calendar.isleap(y) else 365) * DAY
     else:
-        start = datetime.strptime(period, FORMATS[window]).replace(tzinfo=UTC)
-        steps = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1)}
-        end = start + steps.get(window, timedelta(days=1))
-    return epoch(end) + END_SLACK
+        date, _, time = period.partition("T")
+        hour, _, minute = time.partition(":")
+        y, m, d = map(int, date.split("-"))
+        start = datetime(y, m, d, int(hour or 0), int(minute or 0), tzinfo=UTC)
+        length = {"minute": 60, "hour": 3_600}.get(window, DAY)
+    return epoch(start) + length + END_SLACK
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,9 @@ from typing import Any
 
 import pytest
 
+from handlers import periods
+from schemas import zones
+from schemas.rules import Window
 from tests.oracle.generate import WINDOWS, Case, Clock, case, changed, clock
 from tests.oracle.model import (
     FINER_THAN_ITS_ORIGINAL,
@@ -44,10 +47,12 @@ from tests.oracle.model import (
     Limit,
     Model,
     Outcome,
+    Rule,
     Verdict,
     Violation,
     epoch,
     parse_time,
+    period_end,
 )
 from tests.unit.test_cli import jsonl, limitflow, write
 from tests.without_extensions import EXTENSIONS, ROOT
@@ -497,3 +502,30 @@ def unreached(seeds: tuple[int, ...]) -> set[str]:
 def test_the_fixed_seeds_reach_every_outcome() -> None:
     """Keeps the fixed ground from eroding when the generator changes."""
     assert not unreached(FIXED_SEEDS)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0001-01-02T00:00:00Z",
+        "0999-12-31T23:59:59Z",
+        "1969-12-31T23:59:59.5Z",
+        "9999-12-30T23:59:59Z",
+    ],
+)
+@pytest.mark.parametrize("name", ["UTC", "Pacific/Kiritimati", "Etc/GMT+12", "Asia/Kathmandu"])
+def test_the_model_names_and_ends_periods_as_the_contract_to_the_ends_of_time(
+    name: str, text: str
+) -> None:
+    """The model's period strings have four-digit years (glibc's ``strftime`` wrote the
+    year 999 as ``999``), and its periods' ends are worked out to the last periods of 9999
+    (the next period's start, in 10000, is past Python's calendar): as limitflow's, from
+    the first accepted instant to the last, in zones a day apart."""
+    instant = parse_time(text)
+    local = instant.astimezone(zones.zone(name))
+    for window in WINDOWS:
+        rule = Rule.from_doc({"id": "r", "window": window, "timezone": name, "max_count": 1})
+        period = rule.period(instant)
+        assert period == periods.period_key(Window(window), local), (window, name, text)
+        if window != "transaction":
+            assert period_end(window, period) == periods.period_end(Window(window), local)
