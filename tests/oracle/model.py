@@ -534,13 +534,21 @@ class Model:
         self.rewritten[event.event_id] = True
         return Decided(verdict, duplicate=False)
 
+    @staticmethod
+    def _field(event: Event, name: str) -> Any:
+        """An event's field as a rule scopes or matches by it: a payment that leaves its
+        ``type`` out is one all the same (README, *Idempotency*: a ``type`` given must be
+        ``payment`` or ``reversal``)."""
+        value = event.fields.get(name)
+        return event.type if value is None and name == "type" else value
+
     def _applies(self, rule: Rule, event: Event) -> bool:
         if rule.currency is not None and rule.currency != event.currency:
             return False
-        if any(event.fields.get(name) is None for name in rule.scope):
+        if any(self._field(event, name) is None for name in rule.scope):
             return False
         return all(
-            event.fields.get(name) is not None and canon(event.fields[name]) in values
+            self._field(event, name) is not None and canon(self._field(event, name)) in values
             for name, values in rule.match.items()
         )
 
@@ -580,7 +588,7 @@ class Model:
                         Violation(rule.id, "amount", "transaction", limit, Decimal(0))
                     )
                 continue
-            scope = tuple(canon(event.fields[name]) for name in rule.scope)
+            scope = tuple(canon(self._field(event, name)) for name in rule.scope)
             key = (rule.id, scope, rule.period(event.instant))
             count, used = self.buckets.get(key, (0, 0))
             if rule.max_count is not None and count + 1 > rule.max_count:

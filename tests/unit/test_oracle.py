@@ -529,3 +529,27 @@ def test_the_model_names_and_ends_periods_as_the_contract_to_the_ends_of_time(
         assert period == periods.period_key(Window(window), local), (window, name, text)
         if window != "transaction":
             assert period_end(window, period) == periods.period_end(Window(window), local)
+
+
+def test_the_model_takes_a_payment_that_leaves_type_out_for_one() -> None:
+    """A payment need not say that it is one (a ``type`` given must be ``payment`` or
+    ``reversal``): a rule that scopes or matches by ``type`` counts it as a payment, as
+    limitflow does (``tests/unit/test_decide.py``), where the model left such a rule out
+    as for a missing field of one's own."""
+    rules = [
+        {"id": "m", "window": "day", "max_count": 1, "match": {"type": ["payment"]}},
+        {"id": "s", "window": "day", "max_count": 5, "scope": ["account_id", "type"]},
+    ]
+    model = Model(rules)
+    found = []
+    for n, kind in enumerate([None, "payment"], 1):
+        doc = {"event_id": f"e{n}", "account_id": "a", "amount": "1", "currency": "USD"}
+        doc |= {"occurred_at": f"2026-01-01T00:00:0{n}Z"} | ({"type": kind} if kind else {})
+        outcome = model.process(json.dumps(doc))
+        assert isinstance(outcome, Decided)
+        v = outcome.verdict
+        found.append((v.decision, [(x.rule_id, x.count_used) for x in v.limits]))
+    assert found == [
+        ("accept", [("m", 1), ("s", 1)]),
+        ("reject", [("m", 1), ("s", 1)]),
+    ]
