@@ -545,8 +545,14 @@ class Model:
     def _applies(self, rule: Rule, event: Event) -> bool:
         if rule.currency is not None and rule.currency != event.currency:
             return False
-        if any(self._field(event, name) is None for name in rule.scope):
+        scoped = [self._field(event, name) for name in rule.scope]
+        if any(value is None for value in scoped):
             return False
+        if any(isinstance(value, list | dict) for value in scoped):
+            # README: a list or an object in a field that a rule scopes by is an
+            # invalid_event (a rule of the event's currency with every scope field given,
+            # whether or not its match would take the event)
+            raise Invalid("a list or an object in a field a rule scopes by")
         return all(
             self._field(event, name) is not None and canon(self._field(event, name)) in values
             for name, values in rule.match.items()

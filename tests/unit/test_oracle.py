@@ -553,3 +553,27 @@ def test_the_model_takes_a_payment_that_leaves_type_out_for_one() -> None:
         ("accept", [("m", 1), ("s", 1)]),
         ("reject", [("m", 1), ("s", 1)]),
     ]
+
+
+@pytest.mark.parametrize("value", [["x"], {"k": 1}])
+def test_the_model_refuses_a_list_or_an_object_in_a_field_a_rule_scopes_by(value: object) -> None:
+    """README: a list or an object in a field that a rule scopes by is an invalid_event,
+    as limitflow decides it (whether or not the rule's match takes the event); the model
+    counted it in a bucket of its own. A rule of another currency, or one whose other
+    scope field the event leaves out, does not make it one."""
+    rules = [
+        {"id": "c", "window": "day", "max_count": 1, "scope": "card_id", "match": {"mcc": [1]}},
+        {"id": "j", "window": "day", "max_count": 1, "scope": "merchant_id", "currency": "JPY"},
+        {"id": "k", "window": "day", "max_count": 1, "scope": ["merchant_id", "channel"]},
+    ]
+    doc = {
+        "account_id": "a",
+        "amount": "1",
+        "currency": "USD",
+        "occurred_at": "2026-01-01T00:00:00Z",
+    }
+    model = Model(rules)
+    refused = model.process(json.dumps({**doc, "event_id": "e1", "card_id": value}))
+    assert isinstance(refused, DeadLetter) and refused.error == "invalid_event"
+    taken = model.process(json.dumps({**doc, "event_id": "e2", "merchant_id": value}))
+    assert isinstance(taken, Decided) and taken.verdict.decision == "accept"
