@@ -325,7 +325,8 @@ def parse_time(value: object) -> datetime:
         raise Invalid("occurred_at is not RFC 3339 with an offset")
     year, month, day, hour, minute, second, fraction, offset = match.groups()
     micro = int((fraction[1:] + "000000")[:6]) if fraction else 0
-    if second == "60":
+    leap = second == "60"
+    if leap:
         second, micro = "59", 999999
     if offset in ("Z", "z"):
         tz = UTC
@@ -344,6 +345,11 @@ def parse_time(value: object) -> datetime:
     instant = local.astimezone(UTC)
     if not EARLIEST <= instant < LATEST:
         raise Invalid("instant out of range")
+    after = instant.replace(microsecond=0) + timedelta(seconds=1)
+    if leap and (after.day, after.hour, after.minute, after.second) != (1, 0, 0, 0):
+        # RFC 3339 (5.7): a leap second is the last second of a month, UTC; a :60
+        # elsewhere is no time at all, like hour 24
+        raise Invalid("a second 60 that is not a leap second")
     return instant
 
 

@@ -577,3 +577,23 @@ def test_the_model_refuses_a_list_or_an_object_in_a_field_a_rule_scopes_by(value
     assert isinstance(refused, DeadLetter) and refused.error == "invalid_event"
     taken = model.process(json.dumps({**doc, "event_id": "e2", "merchant_id": value}))
     assert isinstance(taken, Decided) and taken.verdict.decision == "accept"
+
+
+@pytest.mark.parametrize(
+    ("text", "valid"),
+    [
+        ("2026-12-31T23:59:60Z", True),
+        ("2027-01-01T13:59:60.5+14:00", True),  # 23:59:60 of 31 December, UTC
+        ("2026-06-30T14:59:60-09:00", True),
+        ("2026-01-15T10:00:60Z", False),  # no leap second: no such time
+        ("2026-06-30T23:58:60Z", False),
+        ("2026-06-30T23:59:60+01:00", False),  # 22:59:60 UTC
+    ],
+)
+def test_the_model_takes_a_second_60_only_for_a_leap_second(text: str, valid: bool) -> None:
+    """RFC 3339 has a ``:60`` only in the last minute of a month, UTC; limitflow refuses
+    one elsewhere as an impossible time (``invalid_event``), which the model read as
+    the last microsecond of the minute."""
+    doc = {"event_id": "e", "account_id": "a", "amount": "1", "currency": "USD"}
+    outcome = Model([]).process(json.dumps({**doc, "occurred_at": text}))
+    assert isinstance(outcome, Decided if valid else DeadLetter), outcome
