@@ -39,8 +39,8 @@ REVERSAL_DIGITS: Final = 4  # a reversal's amount without a currency: the most a
 KNOWN_FIELDS: Final = frozenset(
     ("event_id", "type", "account_id", "amount", "currency", "occurred_at", "original_event_id")
 )
-RFC3339: Final = re.compile(
-    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
+RFC3339: Final = re.compile(  # a space for the T, as RFC 3339 (5.6) and the event schema allow
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
     r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
 )
 DECIMAL_TEXT: Final = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")

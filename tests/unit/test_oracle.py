@@ -597,3 +597,13 @@ def test_the_model_takes_a_second_60_only_for_a_leap_second(text: str, valid: bo
     doc = {"event_id": "e", "account_id": "a", "amount": "1", "currency": "USD"}
     outcome = Model([]).process(json.dumps({**doc, "occurred_at": text}))
     assert isinstance(outcome, Decided if valid else DeadLetter), outcome
+
+
+def test_the_model_takes_a_space_for_the_t_as_the_event_schema_does() -> None:
+    """``schemas/json/event.schema.json`` (and so limitflow) takes ``2026-01-01 10:00:00Z``,
+    as RFC 3339 (5.6) allows; the model dead-lettered it."""
+    doc = {"event_id": "e", "account_id": "a", "amount": "1", "currency": "USD"}
+    schema = json.loads((ROOT / "schemas/json/event.schema.json").read_text())
+    assert "[Tt ]" in json.dumps(schema)
+    outcome = Model([]).process(json.dumps({**doc, "occurred_at": "2026-01-01 10:00:00Z"}))
+    assert isinstance(outcome, Decided), outcome
