@@ -323,6 +323,8 @@ def parse_time(value: object) -> datetime:
     match = RFC3339.fullmatch(value) if isinstance(value, str) else None
     if match is None:
         raise Invalid("occurred_at is not RFC 3339 with an offset")
+    if len(match[0]) > 64:  # the event schema's maxLength
+        raise Invalid("occurred_at is longer than 64 characters")
     year, month, day, hour, minute, second, fraction, offset = match.groups()
     micro = int((fraction[1:] + "000000")[:6]) if fraction else 0
     leap = second == "60"

@@ -607,3 +607,19 @@ def test_the_model_takes_a_space_for_the_t_as_the_event_schema_does() -> None:
     assert "[Tt ]" in json.dumps(schema)
     outcome = Model([]).process(json.dumps({**doc, "occurred_at": "2026-01-01 10:00:00Z"}))
     assert isinstance(outcome, Decided), outcome
+
+
+@pytest.mark.parametrize(("digits", "valid"), [(43, True), (44, False)])
+def test_the_model_refuses_an_occurred_at_longer_than_the_event_schema_allows(
+    digits: int, valid: bool
+) -> None:
+    """``schemas/json/event.schema.json`` gives ``occurred_at`` at most 64 characters, and
+    limitflow refuses a longer one (``invalid_event``); the model read any number of
+    fraction digits."""
+    schema = json.loads((ROOT / "schemas/json/event.schema.json").read_text())
+    assert schema["$defs"]["EventDoc"]["properties"]["occurred_at"]["maxLength"] == 64
+    text = "2026-01-01T10:00:00." + "1" * digits + "Z"
+    assert len(text) == 21 + digits
+    doc = {"event_id": "e", "account_id": "a", "amount": "1", "currency": "USD"}
+    outcome = Model([]).process(json.dumps({**doc, "occurred_at": text}))
+    assert isinstance(outcome, Decided if valid else DeadLetter), outcome
