@@ -392,7 +392,14 @@ def parse_event(doc: dict[str, Any]) -> Event:
         units = units_of(parse_amount(doc["amount"]), currency)
     elif doc.get("amount") is not None:
         reversal_amount = parse_amount(doc["amount"])
-        units_of(reversal_amount, currency)  # only to check its digits
+        if currency is not None:
+            units_of(reversal_amount, currency)  # only to check its digits
+        else:  # in its original's currency, known once that is found (``_fitting``)
+            scaled = reversal_amount.scaleb(REVERSAL_DIGITS)
+            if scaled != scaled.to_integral_value():
+                raise Invalid("more fraction digits than any currency has")
+            if reversal_amount >= 10**15:  # more than 15 digits in any currency's units
+                raise Invalid("more than 15 whole digits")
     extras = {k: v for k, v in doc.items() if k not in KNOWN_FIELDS}
     amount = Decimal(units) if units is not None else reversal_amount
     payload = (

@@ -623,3 +623,38 @@ def test_the_model_refuses_an_occurred_at_longer_than_the_event_schema_allows(
     doc = {"event_id": "e", "account_id": "a", "amount": "1", "currency": "USD"}
     outcome = Model([]).process(json.dumps({**doc, "occurred_at": text}))
     assert isinstance(outcome, Decided if valid else DeadLetter), outcome
+
+
+@pytest.mark.parametrize(
+    ("amount", "outcomes"),
+    [
+        ("99999999999999", ["original_not_found", "reversal_exceeds_original"]),
+        ("999999999999999", ["original_not_found", "reversal_exceeds_original"]),
+        ("1000000000000000", ["invalid_event", "invalid_event"]),
+        ("0.0001", ["original_not_found", "invalid_event"]),
+        ("0.00001", ["invalid_event", "invalid_event"]),
+    ],
+)
+def test_a_reversal_sent_without_a_currency_has_its_digits_in_its_originals(
+    amount: str, outcomes: list[str]
+) -> None:
+    """A reversal's amount sent without a currency is in its original's (README,
+    *Reversals*): 14 digits are 14 digits of yen, which a JPY payment takes, and no
+    original found gives no unit to count them in. Only an amount that no currency could
+    hold (a 16th whole digit, a 5th fraction digit) is an invalid_event before that; the
+    model counted every such amount in units of 4 fraction digits, and dead-lettered
+    these 14 and 15 digits."""
+    doc = {"account_id": "a", "occurred_at": "2026-01-01T00:00:00Z"}
+    model = Model([])
+    payment = {**doc, "event_id": "p", "amount": "1", "currency": "JPY"}
+    assert isinstance(model.process(json.dumps(payment)), Decided)
+    found = []
+    for n, original in enumerate(["none", "p"]):
+        reversal = {**doc, "event_id": f"r{n}", "type": "reversal", "amount": amount}
+        outcome = model.process(json.dumps({**reversal, "original_event_id": original}))
+        if isinstance(outcome, DeadLetter):
+            found.append(outcome.error)
+        else:
+            assert isinstance(outcome, Decided) and outcome.verdict.reason is not None
+            found.append(outcome.verdict.reason)
+    assert found == outcomes
