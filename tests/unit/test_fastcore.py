@@ -4,7 +4,9 @@ same dead letters, same state, on the same streams."""
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -17,6 +19,7 @@ from benchmarks.generate import events as generated
 from handlers import decide
 from handlers.decide import Decider
 from handlers.state import Account, Bucket, EventRecord, Snapshot, WorkingState, Writes
+from schemas import zones
 from schemas.amounts import format_minor
 from schemas.events import EventRejected, EventType, parse_event
 from schemas.rules import RuleSet, parse_rules
@@ -655,3 +658,89 @@ def test_stores_expire_with_the_compiled_twin() -> None:
     from stores import base
 
     assert private(base, "_expire") is private(decide, "_fastcore").expire
+
+
+_EDGE_ZONES = (
+    "UTC",
+    "America/New_York",  # an hour repeated in November
+    "Europe/London",
+    "Australia/Lord_Howe",  # half an hour of DST
+    "Asia/Kolkata",  # +5:30
+    "Asia/Kathmandu",  # +5:45
+    "Pacific/Chatham",  # +12:45 / +13:45
+    "America/St_Johns",  # -3:30 / -2:30
+    "Pacific/Kiritimati",  # +14
+    "Etc/GMT+12",  # -12
+    "Africa/Monrovia",  # -0:44:30 until 1972: minutes that straddle two local ones
+    "Pacific/Apia",  # 2011-12-30 never happened
+)
+
+
+def _edge_instants(rnd: random.Random) -> list[int]:
+    """Epoch seconds where periods change in the zones above: around each offset change
+    of 1969-1972, 2011 and 2026 (found hour by hour, then to the second), local
+    midnights at year ends, and the ends of the accepted range; in a random order, some
+    in the same minute as another (the compiled path keeps a minute's periods)."""
+    found: set[int] = set()
+    for name in _EDGE_ZONES:
+        tz = zones.zone(name)
+        for start, end in ((-31_536_000, 70_000_000), (1_293_840_000, 1_325_376_000)):
+            step = 3_600 * 24 if start < 0 else 3_600 * 6
+            for at in range(start, end, step):
+                if tz.utcoffset(datetime.fromtimestamp(at, UTC)) != tz.utcoffset(
+                    datetime.fromtimestamp(at + step, UTC)
+                ):
+                    found.update(at + rnd.randrange(step) for _ in range(3))
+        for at in range(1_767_225_600, 1_798_761_600, 3_600):  # 2026, hour by hour
+            if tz.utcoffset(datetime.fromtimestamp(at, UTC)) != tz.utcoffset(
+                datetime.fromtimestamp(at + 3_600, UTC)
+            ):
+                found.update(at + d for d in (0, 1, 59, 60, 1_799, 1_800, 3_599, 3_600, 3_601))
+        for year in (1970, 2025, 2026, 2027):
+            midnight = int(datetime(year, 1, 1, tzinfo=tz).timestamp())
+            found.update(midnight + d for d in (-61, -1, 0, 59))
+    found.update((-62_135_510_400, -62_135_510_399, 253_402_127_999, 253_402_127_940))
+    instants = sorted(found)
+    rnd.shuffle(instants)
+    return [*instants, *(at + rnd.randrange(-30, 30) for at in rnd.sample(instants, 60))]
+
+
+def test_periods_in_zones_with_odd_offsets_and_changes_are_the_same_both_ways() -> None:
+    """A seeded comparison across zones and windows: payments at instants where a
+    zone's periods change (DST both ways, 30- and 45-minute offsets, an offset with
+    seconds, a skipped day, year ends, years 1 and 9999), out of time order, and
+    reversals of some of them (released in their originals' periods) are decided alike,
+    byte for byte, with the same state."""
+    rnd = random.Random(20261129)
+    windows = ["minute", "hour", "day", "week", "month", "year", "lifetime", "transaction"]
+    rules = [
+        {
+            "id": f"z{z}-{window}",
+            "window": window,
+            "timezone": name,
+            "currency": "KWD",
+            "max_amount": "900.000" if window == "transaction" else "1000.000",
+        }
+        for z, name in enumerate(_EDGE_ZONES)
+        for window in windows
+    ]
+    lines = []
+    for n, at in enumerate(_edge_instants(rnd)):
+        moment = datetime.fromtimestamp(at, UTC) + timedelta(microseconds=rnd.randrange(10**6))
+        offset = rnd.choice([timedelta(0), timedelta(hours=14), timedelta(hours=-12)])
+        local = moment.astimezone(timezone(offset)).isoformat()
+        amount = rnd.choice(["0.001", "1.5", "250.000", "999.999"])
+        lines.append(
+            json.dumps(
+                {"event_id": f"p{n}", "account_id": "a", "amount": amount, "currency": "KWD"}
+                | {"occurred_at": local}
+            )
+        )
+        if n % 5 == 4:
+            reversal = {"event_id": f"r{n}", "type": "reversal", "account_id": "a"}
+            reversal |= {"original_event_id": f"p{rnd.randrange(n)}", "occurred_at": local}
+            if rnd.random() < 0.5:
+                reversal["amount"] = rnd.choice(["0.001", "0.5"])
+            lines.append(json.dumps(reversal))
+    assert len(lines) > 400
+    assert_same(parse_rules(json.dumps({"rules": rules})), lines)
