@@ -36,6 +36,8 @@ MINOR: Final = {"CNY": 2, "USD": 2, "EUR": 2, "GBP": 2, "JPY": 0, "KWD": 3}
 """ISO 4217 minor units of the currencies the contract names (the generator uses no other)."""
 
 REVERSAL_DIGITS: Final = 4  # a reversal's amount without a currency: the most any has (README)
+TEXT_DIGITS: Final = 4_300  # README: a number is written out up to 4,300 digits
+MAX_KEY_BYTES: Final = 1_024  # README: a bucket key (rule id, period, scope values), UTF-8
 KNOWN_FIELDS: Final = frozenset(
     ("event_id", "type", "account_id", "amount", "currency", "occurred_at", "original_event_id")
 )
@@ -251,15 +253,28 @@ def epoch(instant: datetime) -> int:
 
 def canon(value: object) -> Canon:
     """A scope or match value: compared as text, a number by its value (``6011.0`` is
-    ``6011``, and so is ``"6011"``)."""
+    ``6011``, and so is ``"6011"``), written out in full; ``("none", "")`` for a number
+    of more than ``TEXT_DIGITS`` digits written out, which has no text (README)."""
     if isinstance(value, bool) or value is None or isinstance(value, list | dict):
         return ("other", json.dumps(value, sort_keys=True, default=str))
-    if isinstance(value, int | float | Decimal):
-        number = Decimal(value)
-        if number == number.to_integral_value():
-            return ("text", str(int(number)))
-        return ("text", format(number.normalize(), "f"))
+    if isinstance(value, int | float | Decimal):  # (a float: of a rules file, as YAML reads it)
+        number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+        if number and abs(number.adjusted()) > 2 * TEXT_DIGITS:
+            return ("none", "")  # (not written out: it would take forever)
+        text = format(number, "f")  # exact, never rounded (normalize() rounds to 28 digits)
+        if "." in text:
+            text = text.rstrip("0").rstrip(".")
+        text = "0" if text in ("-0", "") else text
+        if sum(c.isdigit() for c in text) > TEXT_DIGITS:
+            return ("none", "")
+        return ("text", text)
     return ("text", str(value))
+
+
+def escape(text: str) -> str:
+    """A scope value as a bucket key holds it, ``|`` and ``\\`` escaped: the README bounds
+    the key's bytes, and this is how limitflow spells the key it counts them in."""
+    return text.replace("\\", "\\\\").replace("|", "\\|")
 
 
 def payload_value(value: object) -> object:
@@ -563,11 +578,12 @@ class Model:
         scoped = [self._field(event, name) for name in rule.scope]
         if any(value is None for value in scoped):
             return False
-        if any(isinstance(value, list | dict) for value in scoped):
+        if any(isinstance(value, list | dict) or canon(value)[0] == "none" for value in scoped):
             # README: a list or an object in a field that a rule scopes by is an
             # invalid_event (a rule of the event's currency with every scope field given,
-            # whether or not its match would take the event)
-            raise Invalid("a list or an object in a field a rule scopes by")
+            # whether or not its match would take the event), and so is a number with no
+            # text
+            raise Invalid("a list, an object or a number with no text in a scoped field")
         return all(
             self._field(event, name) is not None and canon(self._field(event, name)) in values
             for name, values in rule.match.items()
@@ -611,6 +627,9 @@ class Model:
                 continue
             scope = tuple(canon(self._field(event, name)) for name in rule.scope)
             key = (rule.id, scope, rule.period(event.instant))
+            named = "|".join((rule.id, key[2], *(escape(text) for _, text in scope)))
+            if len(named.encode()) > MAX_KEY_BYTES:
+                raise Invalid("a bucket key of more than 1,024 bytes")
             count, used = self.buckets.get(key, (0, 0))
             if rule.max_count is not None and count + 1 > rule.max_count:
                 violations.append(

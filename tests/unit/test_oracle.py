@@ -658,3 +658,66 @@ def test_a_reversal_sent_without_a_currency_has_its_digits_in_its_originals(
             assert isinstance(outcome, Decided) and outcome.verdict.reason is not None
             found.append(outcome.verdict.reason)
     assert found == outcomes
+
+
+def _card_outcomes(rules: list[dict[str, Any]], cards: list[str]) -> list[str]:
+    """The model's outcome of a payment with each card, as JSON text: its decision and
+    count, or its dead letter's error."""
+    model = Model(rules)
+    found = []
+    for n, card in enumerate(cards):
+        line = (
+            f'{{"event_id": "e{n}", "account_id": "a", "amount": "1", "currency": "USD",'
+            f' "occurred_at": "2026-01-01T00:00:00Z", "card_id": {card}}}'
+        )
+        outcome = model.process(line)
+        if isinstance(outcome, DeadLetter):
+            found.append(outcome.error)
+        else:
+            assert isinstance(outcome, Decided)
+            counts = [x.count_used for x in outcome.verdict.limits]
+            found.append(f"{outcome.verdict.decision} {counts}")
+    return found
+
+
+def test_the_model_keys_numbers_by_their_exact_value_and_refuses_those_with_no_text() -> None:
+    """README: scope values compare by value, written out in full up to 4,300 digits; a
+    longer one has no text, and in a scoped field makes the event an invalid_event (the
+    model crashed on it, as Python writes no int of more digits); in a ``match`` field
+    it matches nothing. Two numbers differ in their 29th digit: two cards (the model's
+    ``normalize()`` rounded them to one)."""
+    by_card = [{"id": "c", "window": "day", "max_count": 1, "scope": "card_id"}]
+    cards = ["1e5000", "1.00000000000000000000000000001", "1", "1.0", "1e4299"]
+    assert _card_outcomes(by_card, cards) == [
+        "invalid_event",
+        "accept [1]",
+        "accept [1]",
+        "reject [1]",
+        "invalid_event",  # 4,300 digits: a key of more than 1,024 bytes
+    ]
+    matched = [{"id": "m", "window": "day", "max_count": 1, "match": {"card_id": [1]}}]
+    assert _card_outcomes(matched, ["1e5000", "1"]) == ["accept []", "accept [1]"]
+
+
+def test_the_model_refuses_a_bucket_key_of_more_than_1024_bytes() -> None:
+    """README: a bucket key (rule id, period and scope values) has at most 1,024 bytes,
+    UTF-8; an event whose scope values make a longer one is an invalid_event. The model
+    had no such bound. Here the key ``c|2026-01-01|<card>`` has 13 bytes and the card's:
+    a ``|`` takes two, escaped, and a ``é`` two in UTF-8."""
+    by_card = [{"id": "c", "window": "day", "max_count": 9, "scope": "card_id"}]
+    cards = [
+        json.dumps("x" * 1_011),
+        json.dumps("x" * 1_012),
+        json.dumps("|" * 505 + "x"),
+        json.dumps("|" * 506),
+        json.dumps("é" * 505 + "x"),
+        json.dumps("é" * 506),
+    ]
+    assert _card_outcomes(by_card, cards) == [
+        "accept [1]",
+        "invalid_event",
+        "accept [1]",
+        "invalid_event",
+        "accept [1]",
+        "invalid_event",
+    ]
