@@ -742,7 +742,7 @@ def _scope_text(name: str, value: object) -> str:
     if text is None:
         raise EventRejected(
             DeadLetterError.INVALID_EVENT,
-            f"{name}: a rule scopes by this field, so it must be a string or a number"
+            f"{name}: a rule scopes by this field, so it must be a string, a number, true or false"
             f" (of at most {TEXT_DIGITS:,} digits written out)",
         )
     return text
