@@ -87,6 +87,8 @@ async def open_ready_store(
     from stores.base import redacted
 
     try:
+        if create:
+            await _refuse_foreign_as_is(url, lock_wait)
         # a store not made here is not changed by opening it: a sqlite file's journal mode
         # stays (a dry run, a check)
         store = open_store(
@@ -132,6 +134,29 @@ async def open_ready_store(
     except ValueError as exc:  # a driver's word on an endpoint it cannot use, at first use
         raise CommandFailed(f"store: {redacted(url)}: {exc}", EXIT_STORE) from None
     return store
+
+
+def _holds_something(path: str) -> bool:
+    """Whether ``path`` is a file with something in it (a stat: no wait worth a thread)."""
+    return os.path.isfile(path) and os.path.getsize(path) > 0
+
+
+async def _refuse_foreign_as_is(url: str, lock_wait: float | None) -> None:
+    """Refuse another program's sqlite file (``refuse_foreign``) before a store is opened
+    on it to be made: that opening switches the file to WAL, a change to the other
+    program's file that stayed after the refusal. Opened here as it is, changing nothing."""
+    from stores import embedded, open_store
+
+    path = embedded(url)[1]
+    if path is None or not _holds_something(path):
+        return  # not sqlite, or a file to make: no other program's
+    probe = open_store(url, lock_wait=lock_wait, wal=False)
+    try:
+        refuse_foreign = getattr(probe, "refuse_foreign", None)
+        if refuse_foreign is not None:
+            refuse_foreign()
+    finally:
+        await probe.close()
 
 
 @contextlib.contextmanager

@@ -1526,6 +1526,8 @@ def test_a_replay_refuses_another_program_s_sqlite_file(tmp_path: Path) -> None:
     )
     with closing(sqlite3.connect(other)) as db:
         tables = sorted(t for (t,) in db.execute("SELECT name FROM sqlite_master"))
+        # nor switched to WAL, which opening it to make a store did before refusing it
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
     assert tables == ["customers", "orders"]
     assert not (tmp_path / "v.jsonl").exists()
     # asked for, limitflow's tables go there all the same
