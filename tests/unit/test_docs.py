@@ -5,6 +5,7 @@ variable documented that no setting reads, drifted apart from them without a tes
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -39,3 +40,35 @@ def test_readme_names_every_field_of_the_probes() -> None:
     readme = _text(ROOT / "README.md")
     for field in Health(Metrics()).describe():
         assert f"`{field}`" in readme, field
+
+
+def _variables(text: str) -> set[str]:
+    return set(re.findall(r"\bLIMITFLOW_[A-Z_]*[A-Z]", text))
+
+
+def test_every_variable_the_docs_name_is_read() -> None:
+    from limitflow.settings import unknown_variables
+
+    shown = _text(*DOCS, ROOT / "docker-compose.yml", ROOT / "Dockerfile")
+    # the README's own example of a misspelt one, which run names in a warning
+    named = _variables(shown) - {"LIMITFLOW_GUARANTE"}
+    assert unknown_variables(dict.fromkeys(named, "")) == []
+
+
+def test_the_faust_docs_name_every_variable_the_app_reads() -> None:
+    from limitflow.settings import GROUPS, STORE_PASSWORD, KafkaSecurity, env_name
+    from streams.faust_app import FaustSettings
+
+    faust = _text(ROOT / "docs" / "faust.md")
+    # the table abbreviates a row's further names: `LIMITFLOW_INPUT_TOPIC` / `_OUTPUT_TOPIC`
+    shown = _variables(faust) | {
+        f"LIMITFLOW{short}" for short in re.findall(r"`(_[A-Z_]*[A-Z])`", faust)
+    }
+    read = {
+        env_name(spec.name)
+        for cls in (FaustSettings, KafkaSecurity)
+        for spec in dataclasses.fields(cls)
+        if spec.name not in GROUPS
+    }
+    read.add(env_name(STORE_PASSWORD))
+    assert read <= shown, f"not in docs/faust.md: {sorted(read - shown)}"
