@@ -142,7 +142,7 @@ def register_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     add(
         "--http-port",
         type=int,
-        help=_env_help("ops port: /healthz /readyz /metrics; 0 = off", "http_port"),
+        help=_env_help("ops port: /healthz /readyz /metrics; 0 = off (0)", "http_port"),
     )
     add("--http-host", help=_env_help("ops address (127.0.0.1)", "http_host"))
     add("--batch-size", type=int, help=_env_help("records per batch (2000)", "batch_size"))

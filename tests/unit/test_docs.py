@@ -5,6 +5,7 @@ variable documented that no setting reads, drifted apart from them without a tes
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 from pathlib import Path
@@ -72,3 +73,39 @@ def test_the_faust_docs_name_every_variable_the_app_reads() -> None:
     }
     read.add(env_name(STORE_PASSWORD))
     assert read <= shown, f"not in docs/faust.md: {sorted(read - shown)}"
+
+
+def _stated_default(text: str) -> str | None:
+    """The default a flag's help states: "(default X)", "X (default)" or a closing "(X)"."""
+    text = text.split(" [env ")[0]
+    for pattern in (r"\(default ([^)]+)\)", r"(\S+) \(default\)", r"\(([^()]+)\)$"):
+        found = re.search(pattern, text)
+        if found:
+            return found.group(1)
+    return None
+
+
+def test_run_help_states_each_default_as_the_settings_have_it() -> None:
+    from limitflow.cli import build_parser
+    from limitflow.settings import KafkaSecurity, KafkaSettings, RunSettings
+
+    defaults = {
+        spec.name: spec.default
+        for cls in (RunSettings, KafkaSettings, KafkaSecurity)
+        for spec in dataclasses.fields(cls)
+        if spec.default is not dataclasses.MISSING and spec.name not in ("kafka", "security")
+    }
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    run = commands.choices["run"]
+    checked = set()
+    for action in run._actions:
+        if action.dest not in defaults or not action.help:
+            continue
+        default = defaults[action.dest]
+        if default == "" or default is False:  # none (the system's CAs, no SASL), or a switch off
+            continue
+        shown = _stated_default(action.help)
+        assert shown is not None, f"--{action.dest}: its default {default!r} is not stated"
+        assert shown == str(getattr(default, "value", default)), action.dest
+        checked.add(action.dest)
+    assert {"batch_size", "store", "guarantee", "http_port", "shutdown_grace_ms"} <= checked
