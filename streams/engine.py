@@ -209,10 +209,11 @@ class Engine:
         unit: list[tuple[int, Outcome, Event]] = []
         for position, (index, event, plan) in enumerate(pending):
             # a duplicate gets its verdict again even if the rules grew too wide since, or
-            # came to refuse it
-            seen = state.event(event.event_id) is not None
-            too_wide = len(plan) > self.max_applicable and not seen
-            refusal = None if seen else refused.get(index)
+            # came to refuse it (its own record is looked up only then: the hot path)
+            refusal = refused.get(index) if refused else None
+            too_wide = len(plan) > self.max_applicable
+            if (too_wide or refusal is not None) and state.event(event.event_id) is not None:
+                too_wide, refusal = False, None
             if (
                 limit is not None
                 and unit
