@@ -101,7 +101,8 @@ def _kafka_options(parser: argparse.ArgumentParser) -> None:
         "--max-message-bytes",
         type=int,
         help=_env_help(
-            "largest record published; a larger dead letter names its record (1000000)",
+            "largest record published or decided; a larger input record, or a dead letter"
+            " that would be larger, is named by its size and hash (1000000)",
             "max_message_bytes",
         ),
     )

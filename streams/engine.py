@@ -51,6 +51,16 @@ class Record(msgspec.Struct, frozen=True, gc=False):
     """A Kafka record with no value at all (a tombstone); ``raw`` is then empty."""
 
 
+class Oversized(Record, frozen=True, gc=False):
+    """A record over the most a reader takes (``limit`` bytes: ``run``'s
+    ``--max-message-bytes``, ``replay``'s ``--max-line-bytes``), in its place: not
+    decided, and dead-lettered by its size and SHA-256 (``raw`` is empty)."""
+
+    size: int = 0
+    sha256: str = ""
+    limit: int = 0
+
+
 class Result(msgspec.Struct, frozen=True, gc=False):
     """What one input record became: a verdict, or a dead letter. (A msgspec struct for
     the reason ``Record`` is one.)"""

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
+import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
 from aiokafka import errors as kafka_errors
 from aiokafka.partitioner import DefaultPartitioner  # type: ignore[import-untyped]
@@ -22,7 +23,7 @@ from aiokafka.partitioner import DefaultPartitioner  # type: ignore[import-untyp
 from handlers.decide import OutcomeKind
 from limitflow.errors import BrokerRejected, BrokerUnavailable, PartitionLost
 from schemas.verdicts import DeadLetter, dead_letter, encode_dead_letter
-from streams.engine import Result
+from streams.engine import Oversized, Result
 
 log = logging.getLogger("limitflow.output")
 
@@ -103,7 +104,8 @@ def messages(
     """The verdict or dead letter of each result, in order.
 
     Verdicts are keyed by ``account_id`` (one account's verdicts share an output
-    partition, in input order); dead letters keep the input record's key (unless it
+    partition, in input order); an ``Oversized`` record's dead letter names it by size
+    and SHA-256; dead letters keep the input record's key (unless it
     takes over half of ``max_message_bytes``), and fit within it with their key and
     headers (see ``encode_dead_letter``). Headers:
     ``event_id`` when known, and ``source`` = ``topic:partition:offset`` of the input.
@@ -117,9 +119,12 @@ def messages(
             headers.insert(0, ("event_id", result.event_id.encode()))
         if result.kind is OutcomeKind.DEAD_LETTER:
             assert result.error is not None and result.detail is not None
-            letter = dead_letter(
-                result.error, result.detail, result.record.raw, src, result.event_id
-            )
+            record = result.record
+            letter = dead_letter(result.error, result.detail, record.raw, src, result.event_id)
+            if isinstance(record, Oversized):  # by size and hash: its bytes were not kept
+                letter = msgspec.structs.replace(
+                    letter, raw=None, raw_size=record.size, raw_sha256=record.sha256
+                )
             headers.append(("error", result.error.value.encode()))
             key, value = fitted_dead_letter(
                 letter, result.record.raw, key_of(result), headers, settings.max_message_bytes

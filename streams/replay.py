@@ -16,7 +16,7 @@ from limitflow.console import say
 from limitflow.settings import MAX_MESSAGE_BYTES
 from schemas.events import JSON_BLANK_BYTES, DeadLetterError
 from schemas.verdicts import dead_letter, verdict_encoder
-from streams.engine import Engine, Record, Result
+from streams.engine import Engine, Oversized, Record, Result
 
 
 @dataclass(slots=True)
@@ -49,14 +49,10 @@ gigabytes, a binary file) was read whole into memory, three times over."""
 _CHUNK: Final = 1 << 16
 
 
-class LongLine(Record, frozen=True, gc=False):
+class LongLine(Oversized, frozen=True, gc=False):
     """A line over the most a replay reads, in its place: not read, so not decided, and
-    dead-lettered by size and SHA-256 (``raw`` is empty)."""
-
-    size: int = 0
-    sha256: str = ""
-    limit: int = 0
-    """The most a line may hold, which this one is over."""
+    dead-lettered by size and SHA-256 (``raw`` is empty; ``limit``: the most a line may
+    hold, which this one is over)."""
 
 
 def read_lines(

@@ -8,13 +8,14 @@ to a broker is tested against real ones in tests/integration/test_kafka_run.py.
 from __future__ import annotations
 
 import asyncio
+import io
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiokafka import TopicPartition  # type: ignore[import-untyped]
 
-from handlers.decide import Decider
+from handlers.decide import Decider, OutcomeKind
 from limitflow.errors import BrokerRejected, ConflictError, PartitionLost
 from limitflow.settings import load_run_settings
 from schemas.rules import load_rules
@@ -571,3 +572,64 @@ async def test_offsets_moved_past_transaction_markers_count_as_commits() -> None
     assert output.delivered == [tp]
     assert runner._positions[tp] == 105
     assert runner.metrics.registry.get_sample_value("limitflow_offset_commits_total") == 1
+
+
+class _Kept(Output):
+    """An output that keeps what it is asked to deliver."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+
+    async def deliver(self, batch: Any, offsets: Any, done: set[TopicPartition]) -> None:
+        self.messages += [m for tp in batch for m in batch[tp]]
+        done.update(batch)
+
+
+class _In:
+    def __init__(self, offset: int, value: bytes) -> None:
+        self.topic, self.partition, self.offset = "in", 0, offset
+        self.key, self.value = b"a", value
+
+
+async def test_a_record_over_max_message_bytes_is_a_dead_letter_as_a_long_line_in_replay() -> None:
+    # replay takes no line over --max-line-bytes, which is run's --max-message-bytes
+    # ("the same limit"): an input topic that took a larger record had it decided and
+    # counted by run, and dead-lettered by a replay of the same events
+    import hashlib
+    import json
+
+    from streams.replay import LongLine, read_lines
+
+    def pay(n: int, pad: int = 0) -> bytes:
+        return json.dumps(
+            {
+                "event_id": f"e{n}",
+                "account_id": "a",
+                "amount": "1.00",
+                "currency": "CNY",
+                "occurred_at": "2026-03-01T00:00:00Z",
+                "note": "x" * pad,
+            }
+        ).encode()
+
+    big = pay(1, pad=5000)
+    store = MemoryStore()
+    out = _Kept()
+    engine = Engine(Decider(load_rules(RULES)), store)
+    runner = _runner(_Consumer(), engine, out, max_message_bytes=4000)
+    tp = TopicPartition("in", 0)
+    runner._owned = {tp}
+    async with runner._batch_lock:
+        await runner._handle({tp: [_In(0, pay(0)), _In(1, big), _In(2, pay(2))]})
+    assert [m.topic for m in out.messages] == ["out", "dead", "out"]
+    letter = json.loads(out.messages[1].value)
+    assert letter["error"] == "invalid_event" and letter.get("raw") is None
+    assert (letter["raw_size"], letter["raw_sha256"]) == (len(big), hashlib.sha256(big).hexdigest())
+    assert letter["source"] == {"topic": "in", "partition": 0, "offset": 1}
+    assert out.messages[1].key == b"a"
+    assert json.loads(out.messages[2].value)["seq"] == 2  # e1 was not counted
+    assert runner.engine.stats.by_kind[OutcomeKind.DEAD_LETTER] == 1
+    pending: list[Record] = []
+    for _ in read_lines(io.BytesIO(big + b"\n"), 10, pending, max_line_bytes=4000):
+        pass
+    assert [type(r) for r in pending] == [LongLine]  # as replay has it
