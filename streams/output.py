@@ -36,6 +36,10 @@ _LOST = (
     kafka_errors.UnknownMemberIdError,
     kafka_errors.RebalanceInProgressError,
 )
+_SEQUENCE_LOST = (kafka_errors.OutOfOrderSequenceNumber, kafka_errors.UnknownProducerId)
+"""What a broker answers a transactional producer whose sequence numbers it no longer
+knows for a partition (an output topic deleted and made again, its records deleted):
+fatal to that producer (aiokafka's sender stops), not to a new one."""
 _STOP_TIMEOUT = 10.0
 # the producer's own default: murmur2 of the key like Java clients, random without a key
 _partitioner = DefaultPartitioner()
@@ -425,6 +429,14 @@ class TransactionalOutput(Output):
             # cancelled (a stop's grace ran out on an outage): the brokers are not
             # answering, and the stop is not to wait the whole close for them
             await self._discard(tp, 1.0 if isinstance(exc, asyncio.CancelledError) else None)
+            if isinstance(exc.__cause__, _SEQUENCE_LOST):
+                # the new producer the retry starts numbers from 0 again: an output topic
+                # deleted and made again mid-run ended `run` with exit 4, for good, where
+                # at-least-once waited for the topic and went on
+                raise BrokerUnavailable(
+                    "the brokers no longer know this producer's sequence numbers (an output"
+                    f" topic deleted and made again?): retrying with a new one: {exc.__cause__!r}"
+                ) from exc.__cause__
             raise
 
     async def _transact_once(self, tp: TopicPartition, batch: list[Message], offset: int) -> None:

@@ -1272,6 +1272,49 @@ async def test_a_dead_letter_larger_than_a_kafka_message_does_not_stop_run(
         s.kill_all()
 
 
+async def test_exactly_once_an_output_topic_made_again_mid_run_is_waited_for(
+    on_noida: Setup,
+) -> None:
+    # the transactional producer's next batch to the new topic is refused with
+    # OutOfOrderSequenceNumber (the broker knows no sequence of it there), fatal to that
+    # producer only: `run` exited 4, for good, where at-least-once waits for the topic
+    from aiokafka.admin import NewTopic
+
+    s = on_noida
+    s.partitions = 1
+    s.create_topics()
+
+    def pay(n: int) -> bytes:
+        return json.dumps(
+            {
+                "event_id": f"p{n}",
+                "account_id": "acct-1",
+                "amount": "1.00",
+                "currency": "CNY",
+                "occurred_at": "2026-03-14T01:00:00Z",
+            }
+        ).encode()
+
+    proc = s.run("--guarantee", "exactly-once")
+    await produce(s.bootstrap, s.topics[0], [pay(0)])
+    await read_topic(s.bootstrap, s.topics[1], until=1)
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([s.topics[1]])
+        await asyncio.sleep(1)
+        (source,) = await produce(s.bootstrap, s.topics[0], [pay(1)])
+        await asyncio.sleep(3)
+        if s.topics[1] not in await admin.list_topics():
+            await admin.create_topics([NewTopic(s.topics[1], 1, 1)])
+    finally:
+        await admin.close()
+    verdicts = await read_topic(s.bootstrap, s.topics[1], isolation="read_committed", until=1)
+    assert proc.poll() is None, s.log(0)[-3000:]
+    assert list(verdicts.by_source) == [source]
+    assert s.stop(proc) == 0
+
+
 async def test_topics_the_broker_refuses_to_create_stop_run_in_one_line(
     noida: Any, tmp_path: Path
 ) -> None:

@@ -206,6 +206,44 @@ async def test_exactly_once_offsets_go_inside_the_transaction(
     assert done == {TP0}
 
 
+async def test_exactly_once_a_producer_whose_sequence_the_brokers_lost_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An output topic deleted and made again mid-run: the new partition does not know the
+    # producer's sequence numbers, and the broker answers OutOfOrderSequenceNumber, fatal
+    # to that producer (aiokafka's sender stops) but not to a new one. It was taken for a
+    # refusal for good: `run` exited 4 where at-least-once waited for the topic.
+    made: list[Any] = []
+
+    class Producer(_TxnProducer):
+        async def begin_transaction(self) -> None:
+            return None
+
+        async def send_offsets_to_transaction(self, offsets: Any, group_id: str) -> None:
+            return None
+
+        async def commit_transaction(self) -> None:
+            return None
+
+    def make(transactional_id: str) -> Any:
+        made.append(Producer())
+        return made[-1]
+
+    async def sent(producer: Any, batch: Any) -> None:
+        if producer is made[0]:
+            raise kafka_errors.OutOfOrderSequenceNumber()
+
+    monkeypatch.setattr(output_module, "send_all", sent)
+    out = TransactionalOutput(make, _Committed({TP0: 4}), "g", timeout=5)
+    done: set[TopicPartition] = set()
+    batch = {TP0: [Message("v", b"a", b"x", [], 4)]}
+    with pytest.raises(BrokerUnavailable) as failed:
+        await out.deliver(batch, {TP0: 5}, done)
+    assert failed.value.retriable and done == set()
+    await out.deliver(batch, {TP0: 5}, done)  # the consumer's retry: a new producer
+    assert done == {TP0} and len(made) == 2
+
+
 # -- the consumer loop ----------------------------------------------------------------------
 
 
