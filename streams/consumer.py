@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import random
 import time
@@ -33,8 +32,7 @@ from aiokafka.structs import ConsumerRecord  # type: ignore[import-untyped]
 from handlers.decide import OutcomeKind
 from limitflow.errors import LimitflowError, PartitionLost
 from limitflow.settings import RunSettings
-from schemas.events import DeadLetterError
-from streams.engine import Engine, Oversized, Record, Result
+from streams.engine import Engine, Record, Result, oversized, process_within
 from streams.ops import ConsumerState, Health, Metrics, OffsetResets
 from streams.output import Message, Output, messages
 
@@ -428,7 +426,9 @@ class VelocityConsumer:
                 null=r.value is None,
             )
             if r.value is None or len(r.value) <= most
-            else _oversized(r, most)
+            else oversized(
+                r.value, {"topic": r.topic, "partition": r.partition, "offset": r.offset}, most
+            )
             for tp in order
             for r in batch[tp]
         ]
@@ -440,7 +440,7 @@ class VelocityConsumer:
         self.metrics.batch_size.observe(len(records))
         try:
             decided = time.perf_counter()
-            results = await self._retrying("decide", lambda: _process(self.engine, records))
+            results = await self._retrying("decide", lambda: process_within(self.engine, records))
             delivering = time.perf_counter()
             self.metrics.decision_seconds.observe(delivering - decided)
             self._count_store_work()
@@ -753,43 +753,6 @@ class VelocityConsumer:
         for tp, position in positions.items():
             if tp in assigned:
                 self.metrics.lag.labels(str(tp.partition)).set(max(0, marks[tp] - position))
-
-
-def _oversized(r: ConsumerRecord[bytes, bytes], most: int) -> Oversized:
-    """The stand-in of a record whose value is over ``most`` bytes (``--max-message-bytes``),
-    as ``replay`` takes no line over its ``--max-line-bytes`` (the same 1,000,000 by
-    default): an input topic that allows larger records had them decided by ``run`` and
-    dead-lettered by a replay of the same events."""
-    assert r.value is not None
-    return Oversized(
-        b"",
-        {"topic": r.topic, "partition": r.partition, "offset": r.offset},
-        size=len(r.value),
-        sha256=hashlib.sha256(r.value).hexdigest(),
-        limit=most,
-    )
-
-
-async def _process(engine: Engine, records: list[Record]) -> list[Result]:
-    """``engine.process`` of ``records`` but the ``Oversized``, which are dead letters."""
-    if not any(type(record) is Oversized for record in records):
-        return await engine.process(records)
-    decided = iter(await engine.process([r for r in records if type(r) is not Oversized]))
-    kinds = engine.stats.by_kind  # as the engine counts what it decides (run's last line)
-    oversized = sum(type(r) is Oversized for r in records)
-    kinds[OutcomeKind.DEAD_LETTER] = kinds.get(OutcomeKind.DEAD_LETTER, 0) + oversized
-    return [
-        Result(
-            record,
-            OutcomeKind.DEAD_LETTER,
-            error=DeadLetterError.INVALID_EVENT,
-            detail=f"a record of {record.size:,} bytes, over the {record.limit:,} run takes"
-            " (--max-message-bytes): not decided; its size and SHA-256 name it",
-        )
-        if isinstance(record, Oversized)
-        else next(decided)
-        for record in records
-    ]
 
 
 class _Watch:

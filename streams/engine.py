@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import logging
 import random
 from collections import Counter
@@ -322,3 +323,35 @@ def _event_id_hint(raw: bytes) -> str | None:
         return None
     value = doc.get("event_id") if isinstance(doc, dict) else None
     return value if is_id(value) else None
+
+
+def oversized(raw: bytes, source: dict[str, str | int], most: int) -> Oversized:
+    """The stand-in of a Kafka record whose value ``raw`` is over ``most`` bytes
+    (``--max-message-bytes``, ``LIMITFLOW_MAX_MESSAGE_BYTES``), as ``replay`` takes no
+    line over its ``--max-line-bytes`` (the same 1,000,000 by default): an input topic
+    that allows larger records had them decided by ``run`` and the faust app, and
+    dead-lettered by a replay of the same events."""
+    return Oversized(b"", source, size=len(raw), sha256=hashlib.sha256(raw).hexdigest(), limit=most)
+
+
+async def process_within(engine: Engine, records: list[Record]) -> list[Result]:
+    """``engine.process`` of ``records`` but the ``Oversized``, which are dead letters
+    (counted in ``engine.stats`` as the engine counts what it decides)."""
+    if not any(type(record) is Oversized for record in records):
+        return await engine.process(records)
+    decided = iter(await engine.process([r for r in records if type(r) is not Oversized]))
+    kinds = engine.stats.by_kind
+    over = sum(type(r) is Oversized for r in records)
+    kinds[OutcomeKind.DEAD_LETTER] = kinds.get(OutcomeKind.DEAD_LETTER, 0) + over
+    return [
+        Result(
+            record,
+            OutcomeKind.DEAD_LETTER,
+            error=DeadLetterError.INVALID_EVENT,
+            detail=f"a record of {record.size:,} bytes, over the {record.limit:,} a record may"
+            " hold (--max-message-bytes): not decided; its size and SHA-256 name it",
+        )
+        if isinstance(record, Oversized)
+        else next(decided)
+        for record in records
+    ]

@@ -74,7 +74,14 @@ from limitflow.stopping import SIGNALS
 from schemas.rules import RulesError, RuleSet, load_rules
 from stores.base import Store
 from streams.consumer import tolerate_empty_assignments
-from streams.engine import Engine, Record, Result, fewer_collections
+from streams.engine import (
+    Engine,
+    Record,
+    Result,
+    fewer_collections,
+    oversized,
+    process_within,
+)
 from streams.ops import OffsetResets, quiet_secret_loggers
 from streams.output import Message, batch_bytes, compression_type, messages, send_all
 
@@ -171,15 +178,20 @@ def run_only_variables(env: Mapping[str, str]) -> list[str]:
     return sorted(name for name in runs - own if name in env)
 
 
-def source_of(event: EventT[Any]) -> Record:
-    """The engine's record for a faust event: its raw bytes and where it came from."""
+def source_of(event: EventT[Any], most: int) -> Record:
+    """The engine's record for a faust event: its raw bytes and where it came from; in
+    its place an ``Oversized`` one when it is over ``most`` bytes (``max_message_bytes``),
+    as ``run`` and ``replay`` take none."""
     message = event.message
     raw = event.value if isinstance(event.value, bytes) else b""
-    return Record(
-        raw,
-        {"topic": message.topic, "partition": message.partition, "offset": message.offset},
-        null=event.value is None,
-    )
+    source: dict[str, str | int] = {
+        "topic": message.topic,
+        "partition": message.partition,
+        "offset": message.offset,
+    }
+    if len(raw) > most:
+        return oversized(raw, source, most)
+    return Record(raw, source, null=event.value is None)
 
 
 def _unkeyed(result: Result) -> None:
@@ -211,12 +223,13 @@ class BatchHandler:
 
     async def handle(self, stream: Stream[Any], events: Sequence[EventT[Any]]) -> bool:
         """Process ``events`` and ack them; False when the worker stopped first (no acks)."""
-        records = [source_of(event) for event in events]
+        most = self.settings.max_message_bytes
+        records = [source_of(event, most) for event in events]
         delay = self.settings.retry_initial_ms / 1000
         while True:
             try:
                 decided = list(
-                    messages(await self.engine.process(records), self.settings, _unkeyed)
+                    messages(await process_within(self.engine, records), self.settings, _unkeyed)
                 )
                 # bounded: with the brokers gone, aiokafka may wait on metadata or acks
                 # without end, and a stop would wait with it

@@ -23,7 +23,7 @@ from stores.memory import MemoryStore
 from streams.consumer import BatchAbandoned, VelocityConsumer
 from streams.engine import Engine, Record
 from streams.ops import ConsumerState, Health, Metrics
-from streams.output import Output
+from streams.output import Output, messages
 
 RULES = str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml")
 
@@ -633,3 +633,51 @@ async def test_a_record_over_max_message_bytes_is_a_dead_letter_as_a_long_line_i
     for _ in read_lines(io.BytesIO(big + b"\n"), 10, pending, max_line_bytes=4000):
         pass
     assert [type(r) for r in pending] == [LongLine]  # as replay has it
+
+
+async def test_the_faust_app_dead_letters_a_record_over_max_message_bytes_too() -> None:
+    # the app handed the engine every record whatever its size, as run did: a record
+    # replay dead-letters was decided and counted
+    import hashlib
+    import json
+    from types import SimpleNamespace
+
+    from streams.engine import process_within
+    from streams.faust_app import FaustSettings, _unkeyed, source_of
+
+    settings = FaustSettings.from_env(
+        {
+            "LIMITFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
+            "LIMITFLOW_RULES": RULES,
+            "LIMITFLOW_MAX_MESSAGE_BYTES": "4000",
+        }
+    )
+
+    def event(offset: int, pad: int = 0) -> Any:
+        value = json.dumps(
+            {
+                "event_id": f"e{offset}",
+                "account_id": "a",
+                "amount": "1.00",
+                "currency": "CNY",
+                "occurred_at": "2026-03-01T00:00:00Z",
+                "note": "x" * pad,
+            }
+        ).encode()
+        message = SimpleNamespace(topic="in", partition=0, offset=offset)
+        return SimpleNamespace(message=message, value=value)
+
+    events = [event(0), event(1, pad=5000), event(2)]
+    records = [source_of(e, settings.max_message_bytes) for e in events]
+    engine = Engine(Decider(load_rules(RULES)), MemoryStore())
+    out = list(messages(await process_within(engine, records), settings, _unkeyed))
+    assert [m.topic for m in out] == [
+        settings.output_topic,
+        settings.dead_letter_topic,
+        settings.output_topic,
+    ]
+    letter = json.loads(out[1].value)
+    big = events[1].value
+    assert letter["error"] == "invalid_event" and letter.get("raw") is None
+    assert (letter["raw_size"], letter["raw_sha256"]) == (len(big), hashlib.sha256(big).hexdigest())
+    assert json.loads(out[2].value)["seq"] == 2  # e1 was not counted
