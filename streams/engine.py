@@ -61,6 +61,13 @@ class Oversized(Record, frozen=True, gc=False):
     sha256: str = ""
     limit: int = 0
 
+    def refusal(self) -> str:
+        """The dead letter's ``detail``."""
+        return (
+            f"a record of {self.size:,} bytes, over the {self.limit:,} a record may hold"
+            " (--max-message-bytes): not decided; its size and SHA-256 name it"
+        )
+
 
 class Result(msgspec.Struct, frozen=True, gc=False):
     """What one input record became: a verdict, or a dead letter. (A msgspec struct for
@@ -335,21 +342,21 @@ def oversized(raw: bytes, source: dict[str, str | int], most: int) -> Oversized:
 
 
 async def process_within(engine: Engine, records: list[Record]) -> list[Result]:
-    """``engine.process`` of ``records`` but the ``Oversized``, which are dead letters
-    (counted in ``engine.stats`` as the engine counts what it decides)."""
-    if not any(type(record) is Oversized for record in records):
+    """``engine.process`` of ``records`` but the ``Oversized`` (a Kafka record, a
+    replay's long line), which are dead letters (counted in ``engine.stats`` as the
+    engine counts what it decides)."""
+    over = sum(isinstance(record, Oversized) for record in records)
+    if not over:
         return await engine.process(records)
-    decided = iter(await engine.process([r for r in records if type(r) is not Oversized]))
+    decided = iter(await engine.process([r for r in records if not isinstance(r, Oversized)]))
     kinds = engine.stats.by_kind
-    over = sum(type(r) is Oversized for r in records)
     kinds[OutcomeKind.DEAD_LETTER] = kinds.get(OutcomeKind.DEAD_LETTER, 0) + over
     return [
         Result(
             record,
             OutcomeKind.DEAD_LETTER,
             error=DeadLetterError.INVALID_EVENT,
-            detail=f"a record of {record.size:,} bytes, over the {record.limit:,} a record may"
-            " hold (--max-message-bytes): not decided; its size and SHA-256 name it",
+            detail=record.refusal(),
         )
         if isinstance(record, Oversized)
         else next(decided)

@@ -14,9 +14,9 @@ import msgspec
 from handlers.decide import OutcomeKind
 from limitflow.console import say
 from limitflow.settings import MAX_MESSAGE_BYTES
-from schemas.events import JSON_BLANK_BYTES, DeadLetterError
+from schemas.events import JSON_BLANK_BYTES
 from schemas.verdicts import dead_letter, verdict_encoder
-from streams.engine import Engine, Oversized, Record, Result
+from streams.engine import Engine, Oversized, Record, Result, process_within
 
 
 @dataclass(slots=True)
@@ -53,6 +53,12 @@ class LongLine(Oversized, frozen=True, gc=False):
     """A line over the most a replay reads, in its place: not read, so not decided, and
     dead-lettered by size and SHA-256 (``raw`` is empty; ``limit``: the most a line may
     hold, which this one is over)."""
+
+    def refusal(self) -> str:
+        return (
+            f"a line of {self.size:,} bytes, over the {self.limit:,} a replay takes"
+            " (--max-line-bytes): not decided; its size and SHA-256 name it"
+        )
 
 
 def read_lines(
@@ -229,7 +235,7 @@ async def _decide(
     """Decide one batch and write its lines, counted into ``summary``."""
     stop.deciding = True
     if any(type(record) is LongLine for record in batch):
-        results = await _with_long_lines(engine, batch)
+        results = await process_within(engine, batch)
     else:
         results = await engine.process(batch)
     line = batch[-1].source["line"]
@@ -288,23 +294,6 @@ def _write(stream: BinaryIO, data: bytes, output: str) -> None:
 # attribute lookup (~0.1 us) wherever it is written: once per result here, before these.
 _DEAD_LETTER: Final = OutcomeKind.DEAD_LETTER
 _DUPLICATE: Final = OutcomeKind.DUPLICATE
-
-
-async def _with_long_lines(engine: Engine, batch: list[Record]) -> list[Result]:
-    """``engine.process`` of ``batch`` but its ``LongLine``s, which are dead letters."""
-    decided = iter(await engine.process([r for r in batch if type(r) is not LongLine]))
-    return [
-        Result(
-            record,
-            OutcomeKind.DEAD_LETTER,
-            error=DeadLetterError.INVALID_EVENT,
-            detail=f"a line of {record.size:,} bytes, over the {record.limit:,} a replay takes"
-            " (--max-line-bytes): not decided; its size and SHA-256 name it",
-        )
-        if isinstance(record, LongLine)
-        else next(decided)
-        for record in batch
-    ]
 
 
 def _lines(

@@ -591,6 +591,22 @@ class _In:
         self.key, self.value = b"a", value
 
 
+def _padded_payment(n: int, pad: int = 0) -> bytes:
+    """Payment ``e{n}`` of 1.00 CNY of account ``a``, made ``pad`` bytes longer."""
+    import json
+
+    return json.dumps(
+        {
+            "event_id": f"e{n}",
+            "account_id": "a",
+            "amount": "1.00",
+            "currency": "CNY",
+            "occurred_at": "2026-03-01T00:00:00Z",
+            "note": "x" * pad,
+        }
+    ).encode()
+
+
 async def test_a_record_over_max_message_bytes_is_a_dead_letter_as_a_long_line_in_replay() -> None:
     # replay takes no line over --max-line-bytes, which is run's --max-message-bytes
     # ("the same limit"): an input topic that took a larger record had it decided and
@@ -600,18 +616,7 @@ async def test_a_record_over_max_message_bytes_is_a_dead_letter_as_a_long_line_i
 
     from streams.replay import LongLine, read_lines
 
-    def pay(n: int, pad: int = 0) -> bytes:
-        return json.dumps(
-            {
-                "event_id": f"e{n}",
-                "account_id": "a",
-                "amount": "1.00",
-                "currency": "CNY",
-                "occurred_at": "2026-03-01T00:00:00Z",
-                "note": "x" * pad,
-            }
-        ).encode()
-
+    pay = _padded_payment
     big = pay(1, pad=5000)
     store = MemoryStore()
     out = _Kept()
@@ -654,18 +659,8 @@ async def test_the_faust_app_dead_letters_a_record_over_max_message_bytes_too() 
     )
 
     def event(offset: int, pad: int = 0) -> Any:
-        value = json.dumps(
-            {
-                "event_id": f"e{offset}",
-                "account_id": "a",
-                "amount": "1.00",
-                "currency": "CNY",
-                "occurred_at": "2026-03-01T00:00:00Z",
-                "note": "x" * pad,
-            }
-        ).encode()
         message = SimpleNamespace(topic="in", partition=0, offset=offset)
-        return SimpleNamespace(message=message, value=value)
+        return SimpleNamespace(message=message, value=_padded_payment(offset, pad))
 
     events = [event(0), event(1, pad=5000), event(2)]
     records = [source_of(e, settings.max_message_bytes) for e in events]
