@@ -333,7 +333,7 @@ class SqliteStore(Store):
             self._db.executescript(_SCHEMA)
             self._db.execute(_META_SCHEMA)
             for table, column in _ADDED_COLUMNS:
-                have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+                have = self._columns(table)
                 if column.split()[0] not in have:
                     try:
                         self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
@@ -371,6 +371,10 @@ class SqliteStore(Store):
                 " adds its tables there all the same)"
             )
 
+    def _columns(self, table: str) -> set[str]:
+        """The names of ``table``'s columns (none when there is no such table)."""
+        return {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+
     def _refuse_alien(self, names: list[str]) -> None:
         """Raise ``StoreRejected`` when one of the tables ``names`` has a name of
         limitflow's and not its columns: no store can be made there (``store init`` too
@@ -379,9 +383,7 @@ class SqliteStore(Store):
             alien = [
                 name
                 for name in names
-                if name in _FIRST_COLUMNS
-                and not _FIRST_COLUMNS[name]
-                <= {row[1] for row in self._db.execute(f"PRAGMA table_info({name})")}
+                if name in _FIRST_COLUMNS and not _FIRST_COLUMNS[name] <= self._columns(name)
             ]
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
@@ -405,8 +407,7 @@ class SqliteStore(Store):
             lacking = [
                 f"{table}.{column.split()[0]}"
                 for table, column in _ADDED_COLUMNS
-                if column.split()[0]
-                not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+                if column.split()[0] not in self._columns(table)
             ]
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc

@@ -977,6 +977,19 @@ async def evict_members(bootstrap: str, group: str) -> None:
         await admin.close()
 
 
+def _pay(n: int) -> bytes:
+    """Payment ``p{n}`` of 1.00 CNY of ``acct-1``, all in one day."""
+    return json.dumps(
+        {
+            "event_id": f"p{n}",
+            "account_id": "acct-1",
+            "amount": "1.00",
+            "currency": "CNY",
+            "occurred_at": "2026-03-14T01:00:00Z",
+        }
+    ).encode()
+
+
 async def test_records_deleted_before_they_were_decided_are_said_and_counted(
     on_noida: Setup,
 ) -> None:
@@ -988,22 +1001,11 @@ async def test_records_deleted_before_they_were_decided_are_said_and_counted(
     s.partitions = 1
     s.create_topics()
 
-    def pay(n: int) -> bytes:
-        return json.dumps(
-            {
-                "event_id": f"p{n}",
-                "account_id": "acct-1",
-                "amount": "1.00",
-                "currency": "CNY",
-                "occurred_at": "2026-03-14T01:00:00Z",
-            }
-        ).encode()
-
-    await produce(s.bootstrap, s.topics[0], [pay(n) for n in range(10)])
+    await produce(s.bootstrap, s.topics[0], [_pay(n) for n in range(10)])
     first = s.run()
     wait_for(lambda: _rows(s.store) == 10, 60, "the first ten decided")
     assert s.stop(first) == 0
-    await produce(s.bootstrap, s.topics[0], [pay(n) for n in range(10, 20)])
+    await produce(s.bootstrap, s.topics[0], [_pay(n) for n in range(10, 20)])
     admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap)
     await admin.start()
     try:
@@ -1284,26 +1286,15 @@ async def test_exactly_once_an_output_topic_made_again_mid_run_is_waited_for(
     s.partitions = 1
     s.create_topics()
 
-    def pay(n: int) -> bytes:
-        return json.dumps(
-            {
-                "event_id": f"p{n}",
-                "account_id": "acct-1",
-                "amount": "1.00",
-                "currency": "CNY",
-                "occurred_at": "2026-03-14T01:00:00Z",
-            }
-        ).encode()
-
     proc = s.run("--guarantee", "exactly-once")
-    await produce(s.bootstrap, s.topics[0], [pay(0)])
+    await produce(s.bootstrap, s.topics[0], [_pay(0)])
     await read_topic(s.bootstrap, s.topics[1], until=1)
     admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap)
     await admin.start()
     try:
         await admin.delete_topics([s.topics[1]])
         await asyncio.sleep(1)
-        (source,) = await produce(s.bootstrap, s.topics[0], [pay(1)])
+        (source,) = await produce(s.bootstrap, s.topics[0], [_pay(1)])
         await asyncio.sleep(3)
         if s.topics[1] not in await admin.list_topics():
             await admin.create_topics([NewTopic(s.topics[1], 1, 1)])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from limitflow.run_cli import serve
-from limitflow.settings import load_run_settings
+from limitflow.settings import RunSettings, load_run_settings
 from limitflow.stopping import SIGNALS, StopSignals
 from schemas.rules import load_rules
 from stores import open_store
@@ -39,23 +39,30 @@ def test_a_signal_before_the_event_loop_sets_the_stop_once_it_runs(handlers: Non
     assert asyncio.run(attached())
 
 
-async def test_serve_stops_at_once_for_a_signal_before_its_handlers_and_logs_one_after(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def _rules_and_settings(tmp_path: Path, **extra: object) -> tuple[Path, RunSettings]:
+    """A one-rule file and the settings of a `run` on it, its brokers at a closed port."""
     rules = tmp_path / "rules.yaml"
     rules.write_text("rules:\n  - {id: r, window: day, max_count: 1}\n")
     settings = load_run_settings(
         {
-            "bootstrap_servers": "127.0.0.1:1",  # never tried: the stop comes first
+            "bootstrap_servers": "127.0.0.1:1",
             "input_topic": "in",
             "output_topic": "out",
             "dead_letter_topic": "dead",
             "group_id": "g",
             "rules": str(rules),
             "store": "memory://",
+            **extra,
         },
         {},
     )
+    return rules, settings
+
+
+async def test_serve_stops_at_once_for_a_signal_before_its_handlers_and_logs_one_after(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rules, settings = _rules_and_settings(tmp_path)  # brokers never tried: the stop comes first
     store = open_store("memory://")
     await store.init()
     signals = StopSignals()
@@ -122,21 +129,7 @@ async def test_serve_waits_for_brokers_the_bootstrap_server_named_but_that_do_no
 
     consumer = Consumer()
     monkeypatch.setattr(run_cli, "_consumer", lambda settings: consumer)
-    rules = tmp_path / "rules.yaml"
-    rules.write_text("rules:\n  - {id: r, window: day, max_count: 1}\n")
-    settings = load_run_settings(
-        {
-            "bootstrap_servers": "127.0.0.1:1",
-            "input_topic": "in",
-            "output_topic": "out",
-            "dead_letter_topic": "dead",
-            "group_id": "g",
-            "rules": str(rules),
-            "store": "memory://",
-            "retry_initial_ms": 10,
-        },
-        {},
-    )
+    rules, settings = _rules_and_settings(tmp_path, retry_initial_ms=10)
     store = open_store("memory://")
     await store.init()
     loop = asyncio.get_running_loop()
