@@ -405,11 +405,15 @@ class OpsServer:
         patience = self.patience_s
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), patience)
-            method, _, rest = request.decode("latin-1").partition(" ")
-            path = rest.split(" ", 1)[0].split("?", 1)[0]
-            # HEAD is GET without the body (a monitor's check; the body made it a
-            # malformed answer), and a 405 says what is allowed, as HTTP requires
-            status, ctype, body = self._answer("GET" if method == "HEAD" else method, path)
+            parts = request.decode("latin-1").split("\r\n", 1)[0].split(" ")
+            if len(parts) == 3 and parts[0] and parts[1] and parts[2].startswith("HTTP/"):
+                method, path = parts[0], parts[1].split("?", 1)[0]
+                # HEAD is GET without the body (a monitor's check; the body made it a
+                # malformed answer), and a 405 says what is allowed, as HTTP requires
+                status, ctype, body = self._answer("GET" if method == "HEAD" else method, path)
+            else:  # not "METHOD TARGET HTTP/x": no method to refuse, the request is bad
+                method, status, ctype = "", "400 Bad Request", "text/plain"
+                body = b"a request line is METHOD TARGET HTTP/1.1\n"
             allow = "Allow: GET, HEAD\r\n" if status.startswith("405") else ""
             writer.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{allow}"

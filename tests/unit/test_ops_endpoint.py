@@ -76,3 +76,19 @@ async def test_a_client_that_stops_reading_is_cut_off(monkeypatch: pytest.Monkey
         assert got < len(body)  # cut off, not waited for
     finally:
         await asyncio.wait_for(server.stop(), 5)
+
+
+async def test_a_malformed_request_line_is_a_bad_request() -> None:
+    # a request line that was not "METHOD TARGET HTTP/x" was answered 405, as if its
+    # first word were a method the endpoint does not serve
+    server = OpsServer(Health(Metrics()), "127.0.0.1", 0)
+    await server.start()
+    try:
+        for request in (b"garbage", b"GET", b"GET /healthz", b"GET  /healthz HTTP/1.1", b" "):
+            raw = await _raw(server.port, request + b"\r\n\r\n")
+            assert raw.startswith(b"HTTP/1.1 400 Bad Request\r\n"), (request, raw)
+            assert b"Allow:" not in raw
+        raw = await _raw(server.port, b"GET /healthz?x=1 HTTP/1.0\r\nHost: a\r\n\r\n")
+        assert raw.startswith(b"HTTP/1.1 200 OK\r\n")
+    finally:
+        await server.stop()
