@@ -182,7 +182,9 @@ class OffsetResets(logging.Filter):
             " the earliest offset kept, and records deleted before they were decided are not"
         )
         record.args = ()
-        return True
+        # the fetcher's logger lets INFO through for this record alone: a warning now, it
+        # shows only where limitflow's own warnings do (not at --log-level ERROR)
+        return logging.getLogger(self.logger_name).isEnabledFor(logging.WARNING)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:

@@ -7,7 +7,7 @@ import gc
 import logging
 from typing import Any
 
-from streams.ops import KafkaClientThrottle, TextFormatter, unseen_fence
+from streams.ops import KafkaClientThrottle, OffsetResets, TextFormatter, unseen_fence
 
 
 def _record(name: str, msg: str, *args: object, **extra: object) -> logging.LogRecord:
@@ -83,3 +83,36 @@ def test_asyncio_reporting_a_fence_run_has_handled_is_left_out() -> None:
     ]
     assert records[0].exc_info is not None
     assert isinstance(records[0].exc_info[1], RuntimeError)
+
+
+def test_the_offset_reset_warning_follows_the_log_level() -> None:
+    # aiokafka's fetcher logger is opened to INFO for this one record, made a WARNING:
+    # at --log-level ERROR it was shown all the same (the root's level is not checked
+    # for a record that comes up from a child logger, and run's handler has no level)
+    from aiokafka import TopicPartition  # type: ignore[import-untyped]
+    from prometheus_client import CollectorRegistry, Counter
+
+    counter = Counter("resets", "", ["partition"], registry=CollectorRegistry())
+    fetcher = logging.getLogger(OffsetResets.LOGGER)
+    root = logging.getLogger()
+    shown: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = shown.append  # type: ignore[method-assign,assignment]
+    level = root.level
+    root.addHandler(handler)
+    try:
+        for run_level, seen in ((logging.ERROR, 0), (logging.WARNING, 1)):
+            root.setLevel(run_level)
+            with OffsetResets(counter).installed():
+                fetcher.info(
+                    "Fetch offset %s is out of range for partition %s, resetting offset",
+                    7,
+                    TopicPartition("events", 0),
+                )
+            assert len(shown) == seen
+        assert counter.labels("0")._value.get() == 2  # counted at every level
+        assert shown[0].levelname == "WARNING"
+        assert shown[0].name == "limitflow.consumer"
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
