@@ -171,12 +171,22 @@ cdef extern from *:
         *minor = (long long)value;
         return 1;
     }
+
+    /* Whether an amount lf_minor took is written as its value's one text (``amount_text``):
+       no zero before another whole digit, no zero at the end of a fraction. */
+    static int lf_amount_text(const char* s, Py_ssize_t n) {
+        Py_ssize_t i;
+        if (n > 1 && s[0] == '0' && s[1] != '.') return 0;
+        for (i = 0; i < n; i++) if (s[i] == '.') return s[n - 1] != '0';
+        return 1;
+    }
     """
     const char* lf_ascii(object s, Py_ssize_t* n)
     Py_ssize_t lf_members(const char* s, Py_ssize_t n)
     bint lf_common_time(const char* s, Py_ssize_t n, long long* micros)
     bint lf_minor(const char* s, Py_ssize_t n, int exponent, long long max_minor,
                   long long* minor)
+    bint lf_amount_text(const char* s, Py_ssize_t n)
 
 
 cdef str _PAYMENT_TEXT = "payment"
@@ -194,6 +204,19 @@ cdef frozenset _CORE = frozenset(
     {_K_EVENT_ID, _K_TYPE, _K_ACCOUNT_ID, _K_AMOUNT, _K_CURRENCY, _K_OCCURRED_AT, _K_ORIGINAL}
 )
 """One hash lookup per key (a str keeps its hash), not up to seven comparisons."""
+
+
+cdef str _amount_text(long long minor, int exponent):
+    """``schemas.amounts.amount_text``: the amount's value as rules scope and match by it."""
+    cdef str digits = str(minor)
+    cdef Py_ssize_t whole
+    if exponent == 0:
+        return digits
+    if len(digits) <= exponent:
+        digits = "0" * (exponent + 1 - len(digits)) + digits
+    whole = len(digits) - exponent
+    fraction = digits[whole:].rstrip("0")
+    return digits[:whole] + "." + fraction if fraction else digits[:whole]
 
 
 cdef class CommonEvent:
@@ -311,6 +334,8 @@ cdef class CommonEvent:
             if text == NULL or not lf_minor(text, n, <int>exponent, self.max_minor, &minor):
                 return None
             amount = minor
+            if not lf_amount_text(text, n):  # "100.00": rules scope by the value, "100"
+                fields[_K_AMOUNT] = _amount_text(minor, <int>exponent)
 
         extras = {}
         while PyDict_Next(fields, &pos, &key_p, &item_p):

@@ -164,6 +164,19 @@ def _too_fine(value: object) -> AmountError:
     return AmountError(f"{value!r} has more fraction digits than any currency allows")
 
 
+def amount_text(minor: int, exponent: int) -> str:
+    """A positive amount's value as rules scope and match by it: ``number_text`` of
+    ``minor / 10**exponent``, so ``"100.00"``, ``"0100.0"`` and the JSON number
+    ``100.00`` are all ``100``, and ``"12.50"`` is ``12.5``."""
+    digits = str(minor)
+    if exponent == 0:
+        return digits
+    if len(digits) <= exponent:
+        digits = "0" * (exponent + 1 - len(digits)) + digits
+    fraction = digits[-exponent:].rstrip("0")
+    return digits[:-exponent] + "." + fraction if fraction else digits[:-exponent]
+
+
 def format_minor(minor: int, exponent: int) -> str:
     """Render minor units as a plain decimal string with exactly ``exponent`` digits."""
     if exponent == 0:

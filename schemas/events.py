@@ -24,6 +24,7 @@ from schemas.amounts import (
     JSON_BLANKS,
     MAX_MINOR,
     AmountError,
+    amount_text,
     exact_text,
     to_decimal,
     to_minor,
@@ -434,6 +435,10 @@ def _checked_event(doc: dict[str, Any]) -> Event:
                 amount_decimal = _currency_free_amount(raw_amount)
         except AmountError as exc:
             raise EventRejected(DeadLetterError.INVALID_EVENT, f"amount: {exc}") from None
+        if amount is not None and currency is not None and type(raw_amount) is str:
+            text = amount_text(amount, MINOR_UNITS[currency])
+            if text != raw_amount:  # rules scope and match by the value, as for a number
+                doc["amount"] = text
 
     extras = {k: v for k, v in doc.items() if k not in _CORE_FIELDS}
     texts_only = True
@@ -580,6 +585,10 @@ def _common_event(doc: dict[str, Any]) -> Event | None:
         amount = int(whole + fraction.ljust(exponent, "0"))
         if not 0 < amount <= MAX_MINOR:
             return None
+        if (dot and len(whole) + 1 + len(fraction) != len(raw_amount)) or (
+            whole[0] == "0" and len(whole) > 1
+        ):  # "100.00", "0100": rules scope and match by the value's text, "100"
+            doc["amount"] = amount_text(amount, exponent)
 
     extras = doc.copy()
     del extras["event_id"], extras["account_id"], extras["occurred_at"]

@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Annotated, Any, Final
 from zoneinfo import ZoneInfoNotFoundError
@@ -17,7 +18,14 @@ import yaml
 
 from limitflow.errors import LimitflowError
 from schemas import zones
-from schemas.amounts import MAX_MINOR, TEXT_DIGITS, AmountError, number_text, to_minor
+from schemas.amounts import (
+    MAX_MINOR,
+    TEXT_DIGITS,
+    AmountError,
+    number_text,
+    to_decimal,
+    to_minor,
+)
 from schemas.currencies import MINOR_UNITS
 
 
@@ -114,6 +122,17 @@ def scalar_text(value: object) -> str | None:
     if isinstance(value, Decimal):  # a JSON number literal with a fraction or exponent
         return number_text(value) if value.is_finite() else None
     return None
+
+
+def _amount_value(where: str, value: object) -> object:
+    """A ``match`` value of the field ``amount`` as the number it stands for: an event's
+    amount is compared by its value (``"100.00"`` is ``100``), written as text or not."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return to_decimal(value)
+    except AmountError as exc:
+        raise RulesError(f"{where}: match: amount: {exc}") from None
 
 
 class _Unclear:
@@ -510,7 +529,11 @@ def _compile(doc: RuleDoc, sets: dict[frozenset[str], frozenset[str]]) -> Rule:
         values = allowed if isinstance(allowed, list) else [allowed]
         if not values:
             raise RulesError(f"{where}: match: {field}: lists no values")
-        texts = frozenset(sys.intern(str(scalar_text(v))) for v in values)
+        # an amount by its value, as events' amounts are taken (amount_text)
+        by: Sequence[object] = (
+            [_amount_value(where, v) for v in values] if field == "amount" else values
+        )
+        texts = frozenset(sys.intern(str(scalar_text(v))) for v in by)
         match.append((sys.intern(field), sets.setdefault(texts, texts)))
     return Rule(
         id=doc.id,

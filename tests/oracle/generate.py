@@ -45,6 +45,7 @@ SCOPES: Final[list[Any]] = [
     "merchant_id",
     ["merchant_id", "channel"],
     ["card_id", "mcc"],
+    ["card_id", "amount"],  # "the same amount again": by its value, however written
     None,
     None,
 ]
@@ -63,6 +64,7 @@ MATCHES: Final[list[dict[str, list[Any]] | None]] = [
     {"card_id": [77]},
     {"merchant_id": ["m-1"], "channel": ["web", "atm"]},
     {"mcc": ["0742", "5411"]},
+    {"amount": ["10.00", 25, "50"]},  # by value, as the events' amounts, however written
 ]
 DST_CHANGES: Final = (  # UTC instants
     datetime(2026, 3, 8, 7, 0, tzinfo=UTC),  # New York springs forward

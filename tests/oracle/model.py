@@ -108,7 +108,10 @@ class Rule:
             currency=currency,
             max_count=doc.get("max_count"),
             max_units=None if max_amount is None else units_of(Decimal(str(max_amount)), currency),
-            match={k: frozenset(map(canon, vs)) for k, vs in (doc.get("match") or {}).items()},
+            match={
+                k: frozenset(canon(by_value(v) if k == "amount" else v) for v in vs)
+                for k, vs in (doc.get("match") or {}).items()
+            },
         )
 
     def period(self, instant: datetime) -> str:
@@ -269,6 +272,12 @@ def canon(value: object) -> Canon:
             return ("none", "")
         return ("text", text)
     return ("text", str(value))
+
+
+def by_value(amount: Any) -> Any:
+    """An amount written as text, as the number it stands for (README, *Rules*: rules
+    scope and match by an amount's value, ``"100.00"`` is ``100``)."""
+    return Decimal(amount.strip(" \t\n\r")) if isinstance(amount, str) else amount
 
 
 def escape(text: str) -> str:
@@ -570,6 +579,8 @@ class Model:
         ``type`` out is one all the same (README, *Idempotency*: a ``type`` given must be
         ``payment`` or ``reversal``)."""
         value = event.fields.get(name)
+        if name == "amount" and event.type == "payment":
+            return by_value(value)  # README: an amount by its value, written as text or not
         return event.type if value is None and name == "type" else value
 
     def _applies(self, rule: Rule, event: Event) -> bool:

@@ -158,6 +158,39 @@ def test_equal_numbers_are_one_scope_value_however_written() -> None:
     assert verdicts[4]["limits"][0]["count_used"] == 1
 
 
+def test_an_amount_is_one_scope_and_match_value_however_written() -> None:
+    # a "same amount, once a day" rule (card testing) was keyed by the amount's text:
+    # "100.00", "100.0" and 100.00 were three amounts, and all three were accepted
+    rules = """
+rules:
+  - {id: same-amount, scope: [card_id, amount], window: day, max_count: 1}
+  - {id: hundred, match: {amount: ["100", 250.50]}, window: day, max_count: 2,
+     scope: card_id}
+"""
+
+    def paid(event_id: str, card: str, amount: str) -> str:  # the amount as raw JSON
+        doc = json.loads(pay(event_id, "1.00", card_id=card))
+        return json.dumps(doc)[:-1].replace('"amount": "1.00"', '"amount": ' + amount) + "}"
+
+    verdicts = run(
+        paid("e1", "c", '"100.00"'),
+        paid("e2", "c", '"100.0"'),
+        paid("e3", "c", "100.00"),
+        paid("e4", "c", '"0100"'),
+        paid("e5", "c", '"250.5"'),
+        paid("e6", "d", '"100.10"'),
+        paid("e7", "d", '"100.1"'),
+        rules=rules,
+    )
+    assert [v["decision"] for v in verdicts] == [
+        *("accept", "reject", "reject", "reject", "accept"),
+        *("accept", "reject"),
+    ]
+    # both "100.00" and "250.5" count against the match of 100 and 250.50
+    assert verdicts[4]["limits"][1]["count_used"] == 2
+    assert [x["rule_id"] for x in verdicts[6]["limits"]] == ["same-amount"]
+
+
 def test_a_number_past_64_digits_is_counted_by_the_text_of_its_value() -> None:
     # 1e64 was keyed "1E+64": another card than the integer of the same value, and the
     # same card as the string "1E+64"

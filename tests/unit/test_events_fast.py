@@ -475,3 +475,42 @@ def test_parse_event_says_the_same_with_and_without_the_compiled_parse(
     compiled = _outcome(parse_event, raw)
     monkeypatch.setattr(parsing, "_fast_parse", None)
     assert compiled == _outcome(parse_event, raw)
+
+
+@pytest.mark.parametrize(
+    ("amount", "currency", "text"),
+    [
+        ("100.00", "CNY", "100"),
+        ("100.0", "CNY", "100"),
+        ("0100", "CNY", "100"),
+        ("00.50", "CNY", "0.5"),
+        ("0.05", "CNY", "0.05"),
+        ("12.50", "USD", "12.5"),
+        ("100.000", "JPY", "100"),
+        ("1.230", "KWD", "1.23"),
+        ("100", "CNY", "100"),
+        ("12.5", "CNY", "12.5"),
+        (" 7.10 ", "CNY", "7.1"),  # blanks JSON allows: the general path
+        ("1e2", "CNY", "100"),
+    ],
+)
+def test_every_path_gives_an_amount_string_the_text_of_its_value(
+    amount: str, currency: str, text: str
+) -> None:
+    # rules scope and match by it: "100.00" and "100.0" were two amounts to a rule
+    # scoped by amount, where the JSON numbers 100.00 and 100.0 were one
+    doc = {
+        "event_id": "e",
+        "account_id": "a",
+        "amount": amount,
+        "currency": currency,
+        "occurred_at": "2026-03-01T00:00:00Z",
+    }
+    parses: list[Any] = [_checked_event, event_from_dict, _common_event]
+    if _compiled is not None:
+        parses.append(_compiled)
+    for parse in parses:
+        event = parse(dict(doc))
+        if event is not None:  # the fast paths leave what is not plain to the general one
+            assert event.fields["amount"] == text, parse
+    assert _outcome(_checked_event, dict(doc))[0] == "event"

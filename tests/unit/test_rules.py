@@ -1177,3 +1177,17 @@ def test_any_text_is_read_or_refused_never_a_crash(head: str, tokens: list[str])
             parse_rules(form)
         except RulesError as exc:
             assert "\n" not in str(exc)
+
+
+def test_a_match_on_amount_is_by_value_and_refuses_what_is_no_number() -> None:
+    # an event's amount is taken by its value ("100.00" is 100), so a rule's must be too:
+    # "100.00" in a match would have matched no amount at all
+    rules = parse_rules(
+        'rules:\n  - {id: r, window: day, max_count: 1, match: {amount: ["100.00", 2.50, 7]}}\n'
+    )
+    assert rules.rules[0].match == (("amount", frozenset({"100", "2.5", "7"})),)
+    with pytest.raises(RulesError, match=r"rule 'r': match: amount: 'abc' is not a decimal"):
+        parse_rules("rules:\n  - {id: r, window: day, max_count: 1, match: {amount: [abc]}}\n")
+    # another field keeps its text: "0742" is not 742
+    other = parse_rules('rules:\n  - {id: r, window: day, max_count: 1, match: {mcc: ["0742"]}}\n')
+    assert other.rules[0].match == (("mcc", frozenset({"0742"})),)
