@@ -193,7 +193,9 @@ def kafka_errors_translated() -> Iterator[None]:
         raise translate(exc) from exc
 
 
-async def send_all(producer: AIOKafkaProducer, batch: Sequence[Message]) -> None:
+async def send_all(
+    producer: AIOKafkaProducer, batch: Sequence[Message], *, per_request: float | None = None
+) -> None:
     """Publish ``batch`` keeping each output partition's order, and wait for every ack.
 
     aiokafka keeps one record batch in flight per partition, but when one expires (no
@@ -203,6 +205,12 @@ async def send_all(producer: AIOKafkaProducer, batch: Sequence[Message]) -> None
     one after another, the next queued only once the previous is acknowledged, and a
     failure is raised only after every partition has settled: when the caller retries,
     nothing of the failed attempt is still queued behind it.
+
+    ``per_request``: the longest wait for a topic's partitions, and for each record batch to
+    be queued and acknowledged (a ``TimeoutError`` past it); not for the whole of
+    ``batch``, which may take several record batches per partition one after another,
+    and longer than that as a whole, its brokers being well. None: aiokafka's own
+    request timeout alone.
     """
     by_partition: dict[tuple[str, int], list[Message]] = {}
     partitions: dict[str, list[int]] = {}
@@ -210,14 +218,15 @@ async def send_all(producer: AIOKafkaProducer, batch: Sequence[Message]) -> None
     for m in batch:
         choices = partitions.get(m.topic)
         if choices is None:
-            choices = partitions[m.topic] = sorted(await producer.partitions_for(m.topic))
+            async with asyncio.timeout(per_request):
+                choices = partitions[m.topic] = sorted(await producer.partitions_for(m.topic))
         if m.key is None:
             partition = _partitioner(None, choices, choices)
         elif (partition := placed.get((m.topic, m.key), -1)) < 0:
             partition = placed[m.topic, m.key] = _partition(m.key, choices)
         by_partition.setdefault((m.topic, partition), []).append(m)
     outcomes = await asyncio.gather(
-        *(_send_in_order(producer, tp, ms) for tp, ms in by_partition.items()),
+        *(_send_in_order(producer, tp, ms, per_request) for tp, ms in by_partition.items()),
         return_exceptions=True,
     )
     for outcome in outcomes:
@@ -226,7 +235,10 @@ async def send_all(producer: AIOKafkaProducer, batch: Sequence[Message]) -> None
 
 
 async def _send_in_order(
-    producer: AIOKafkaProducer, tp: tuple[str, int], batch: Sequence[Message]
+    producer: AIOKafkaProducer,
+    tp: tuple[str, int],
+    batch: Sequence[Message],
+    per_request: float | None = None,
 ) -> None:
     topic, partition = tp
     sent = 0
@@ -236,7 +248,10 @@ async def _send_in_order(
             if builder.append(key=m.key, value=m.value, timestamp=None, headers=m.headers) is None:
                 break
             sent += 1
-        await (await producer.send_batch(builder, topic, partition=partition))
+        async with asyncio.timeout(per_request):
+            ack = await producer.send_batch(builder, topic, partition=partition)
+            # shielded from the timeout: the record batch's future is aiokafka's to settle
+            await (ack if per_request is None else asyncio.shield(ack))
 
 
 class Output(abc.ABC):
