@@ -40,6 +40,12 @@ _SEQUENCE_LOST = (kafka_errors.OutOfOrderSequenceNumber, kafka_errors.UnknownPro
 """What a broker answers a transactional producer whose sequence numbers it no longer
 knows for a partition (an output topic deleted and made again, its records deleted):
 fatal to that producer (aiokafka's sender stops), not to a new one."""
+_ID_LOST = (kafka_errors.InvalidProducerIdMapping,)
+"""What the transaction coordinator answers a producer whose transactional id it no
+longer knows (Apache Kafka forgets one it heard nothing of for
+``transactional.id.expiration.ms``, 7 days by default: an input partition that long
+quiet): fatal to that producer (aiokafka's sender stops, raising a bare ``KafkaError``
+from it), not to a new one, whose ``InitProducerId`` maps the id again."""
 _STOP_TIMEOUT = 10.0
 # the producer's own default: murmur2 of the key like Java clients, random without a key
 _partitioner = DefaultPartitioner()
@@ -444,6 +450,15 @@ class TransactionalOutput(Output):
             # cancelled (a stop's grace ran out on an outage): the brokers are not
             # answering, and the stop is not to wait the whole close for them
             await self._discard(tp, 1.0 if isinstance(exc, asyncio.CancelledError) else None)
+            expired = _expired_id(exc)
+            if expired is not None:
+                # a partition quiet for longer than the brokers keep its transactional id:
+                # its next event ended `run` with exit 4, for good
+                raise BrokerUnavailable(
+                    "the transaction coordinator no longer knows this producer's id (its"
+                    " transactional id expired: transactional.id.expiration.ms?): retrying"
+                    f" with a new one: {expired!r}"
+                ) from expired
             if isinstance(exc.__cause__, _SEQUENCE_LOST):
                 # the new producer the retry starts numbers from 0 again: an output topic
                 # deleted and made again mid-run ended `run` with exit 4, for good, where
@@ -482,6 +497,16 @@ class TransactionalOutput(Output):
 
     async def close(self, within: float | None = None) -> None:
         await asyncio.gather(*(self._discard(tp, within) for tp in list(self.producers)))
+
+
+def _expired_id(exc: BaseException) -> BaseException | None:
+    """The coordinator's answer that it no longer knows the producer's id, among ``exc``'s
+    causes (aiokafka's sender, stopped by it, raises a bare ``KafkaError`` from it)."""
+    cause, seen = exc.__cause__, set()
+    while cause is not None and not isinstance(cause, _ID_LOST) and id(cause) not in seen:
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return cause if isinstance(cause, _ID_LOST) else None
 
 
 async def _stop_quietly(producer: AIOKafkaProducer, within: float | None = None) -> None:

@@ -1306,6 +1306,36 @@ async def test_exactly_once_an_output_topic_made_again_mid_run_is_waited_for(
     assert s.stop(proc) == 0
 
 
+async def test_exactly_once_a_transactional_id_the_coordinator_forgot_is_mapped_again(
+    noida: Any, tmp_path: Path
+) -> None:
+    # A partition quiet for longer than transactional.id.expiration.ms: its producer's
+    # next AddPartitionsToTxn is answered INVALID_PRODUCER_ID_MAPPING (one answer rewritten
+    # so: see tests.expired_producer_id), which stops that producer only. `run` exited 4.
+    s = Setup(noida.bootstrap_servers, tmp_path, f"expired-{random.randrange(10**6)}")
+    s.create_topics()
+    try:
+        lines = make_events(600, seed=12)
+        sources = await produce(s.bootstrap, s.topics[0], lines)
+        proc = s.run(
+            "--guarantee",
+            "exactly-once",
+            "--batch-size",
+            "50",
+            module="tests.expired_producer_id limitflow",
+        )
+        wait_for(lambda: "INVALID_PRODUCER_ID_MAPPING" in s.log(0), 60, "the expired id")
+        wait_for(lambda: "publish recovered" in s.log(0) or proc.poll() is not None, 60, "a retry")
+        assert proc.poll() is None, s.log(0)[-3000:]
+        await check_against_replay(
+            s, lines, sources, isolation="read_committed", exactly_once=True, timeout=60
+        )
+        assert "transactional id expired" in s.log(0)
+        assert s.stop(proc) == 0
+    finally:
+        s.kill_all()
+
+
 async def test_topics_the_broker_refuses_to_create_stop_run_in_one_line(
     noida: Any, tmp_path: Path
 ) -> None:

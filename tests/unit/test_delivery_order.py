@@ -244,6 +244,47 @@ async def test_exactly_once_a_producer_whose_sequence_the_brokers_lost_is_replac
     assert done == {TP0} and len(made) == 2
 
 
+async def test_exactly_once_a_producer_whose_transactional_id_expired_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A partition quiet for longer than transactional.id.expiration.ms: the coordinator
+    # answers the producer's next AddPartitionsToTxn with InvalidProducerIdMapping, which
+    # stops aiokafka's sender (a bare KafkaError from it). A new producer maps the id
+    # again; it was taken for a refusal for good and `run` exited 4.
+    made: list[Any] = []
+
+    class Producer(_TxnProducer):
+        async def begin_transaction(self) -> None:
+            return None
+
+        async def send_offsets_to_transaction(self, offsets: Any, group_id: str) -> None:
+            return None
+
+        async def commit_transaction(self) -> None:
+            return None
+
+    def make(transactional_id: str) -> Any:
+        made.append(Producer())
+        return made[-1]
+
+    async def sent(producer: Any, batch: Any) -> None:
+        if producer is made[0]:
+            try:
+                raise kafka_errors.InvalidProducerIdMapping()
+            except kafka_errors.KafkaError as exc:  # as aiokafka's sender raises it
+                raise kafka_errors.KafkaError("Unexpected error during batch delivery") from exc
+
+    monkeypatch.setattr(output_module, "send_all", sent)
+    out = TransactionalOutput(make, _Committed({TP0: 4}), "g", timeout=5)
+    done: set[TopicPartition] = set()
+    batch = {TP0: [Message("v", b"a", b"x", [], 4)]}
+    with pytest.raises(BrokerUnavailable) as failed:
+        await out.deliver(batch, {TP0: 5}, done)
+    assert failed.value.retriable and done == set()
+    await out.deliver(batch, {TP0: 5}, done)  # the consumer's retry: a new producer
+    assert done == {TP0} and len(made) == 2
+
+
 # -- the consumer loop ----------------------------------------------------------------------
 
 
