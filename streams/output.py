@@ -367,6 +367,14 @@ class TransactionalOutput(Output):
             except BaseException as exc:
                 await _stop_quietly(producer)
                 refused = translate(exc)
+                lost = _replaceable(exc)
+                if isinstance(refused, BrokerRejected) and lost is not None:
+                    # a connection closed during its coordinator lookup (a broker
+                    # restarting): aiokafka raised it as a bare KafkaError, which ended
+                    # `run` saying the brokers had no transactions
+                    raise BrokerUnavailable(
+                        f"a transactional producer ({transactional_id}) did not start: {lost!r}"
+                    ) from exc
                 if isinstance(refused, BrokerRejected):
                     # what a broker without transactions answers to InitProducerId (tansu:
                     # UnknownError): say what it means, not only the error's name
@@ -450,15 +458,20 @@ class TransactionalOutput(Output):
             # cancelled (a stop's grace ran out on an outage): the brokers are not
             # answering, and the stop is not to wait the whole close for them
             await self._discard(tp, 1.0 if isinstance(exc, asyncio.CancelledError) else None)
-            expired = _expired_id(exc)
-            if expired is not None:
+            replaceable = _replaceable(exc) if isinstance(exc, BrokerRejected) else None
+            if isinstance(replaceable, _ID_LOST):
                 # a partition quiet for longer than the brokers keep its transactional id:
                 # its next event ended `run` with exit 4, for good
                 raise BrokerUnavailable(
                     "the transaction coordinator no longer knows this producer's id (its"
                     " transactional id expired: transactional.id.expiration.ms?): retrying"
-                    f" with a new one: {expired!r}"
-                ) from expired
+                    f" with a new one: {replaceable!r}"
+                ) from replaceable
+            if replaceable is not None:
+                # a broker restarting while the producer looked its coordinator up
+                raise BrokerUnavailable(
+                    f"the producer stopped on {replaceable!r}: retrying with a new one"
+                ) from replaceable
             if isinstance(exc.__cause__, _SEQUENCE_LOST):
                 # the new producer the retry starts numbers from 0 again: an output topic
                 # deleted and made again mid-run ended `run` with exit 4, for good, where
@@ -499,14 +512,21 @@ class TransactionalOutput(Output):
         await asyncio.gather(*(self._discard(tp, within) for tp in list(self.producers)))
 
 
-def _expired_id(exc: BaseException) -> BaseException | None:
-    """The coordinator's answer that it no longer knows the producer's id, among ``exc``'s
-    causes (aiokafka's sender, stopped by it, raises a bare ``KafkaError`` from it)."""
-    cause, seen = exc.__cause__, set()
-    while cause is not None and not isinstance(cause, _ID_LOST) and id(cause) not in seen:
+def _replaceable(exc: BaseException) -> BaseException | None:
+    """The error among ``exc``'s causes that stopped a transactional producer, and that a
+    new one overcomes: the coordinator no longer knows its id (``_ID_LOST``), or a
+    retriable one (a connection closed during a coordinator lookup) that aiokafka raised
+    as a bare ``KafkaError`` from it, ending its sender or its start."""
+    cause, seen = exc.__cause__, set[int]()
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, _ID_LOST) or (
+            isinstance(cause, kafka_errors.KafkaError) and cause.retriable
+        ):
+            found: BaseException = cause
+            return found
         seen.add(id(cause))
         cause = cause.__cause__
-    return cause if isinstance(cause, _ID_LOST) else None
+    return None
 
 
 async def _stop_quietly(producer: AIOKafkaProducer, within: float | None = None) -> None:

@@ -1336,6 +1336,30 @@ async def test_exactly_once_a_transactional_id_the_coordinator_forgot_is_mapped_
         s.kill_all()
 
 
+async def test_exactly_once_a_coordinator_lookup_cut_short_is_an_outage_not_a_refusal(
+    noida: Any, tmp_path: Path
+) -> None:
+    # A transactional producer's FindCoordinator whose connection closed mid-request (a
+    # broker restarting) fails its start, or stops its sender, with a bare KafkaError
+    # (see tests.dropped_lookup): taken for a refusal, `run` exited for good, saying that
+    # the brokers do not implement transactions.
+    s = Setup(noida.bootstrap_servers, tmp_path, f"lookup-{random.randrange(10**6)}")
+    s.create_topics()
+    try:
+        lines = make_events(300, seed=13)
+        sources = await produce(s.bootstrap, s.topics[0], lines)
+        proc = s.run("--guarantee", "exactly-once", module="tests.dropped_lookup limitflow")
+        wait_for(lambda: "dropping a transaction" in s.log(0), 60, "the dropped lookup")
+        wait_for(lambda: "assign recovered" in s.log(0) or proc.poll() is not None, 60, "a retry")
+        assert proc.poll() is None, s.log(0)[-3000:]
+        await check_against_replay(
+            s, lines, sources, isolation="read_committed", exactly_once=True, timeout=60
+        )
+        assert s.stop(proc) == 0
+    finally:
+        s.kill_all()
+
+
 async def test_topics_the_broker_refuses_to_create_stop_run_in_one_line(
     noida: Any, tmp_path: Path
 ) -> None:

@@ -285,6 +285,33 @@ async def test_exactly_once_a_producer_whose_transactional_id_expired_is_replace
     assert done == {TP0} and len(made) == 2
 
 
+async def test_exactly_once_a_producer_start_cut_short_by_a_closed_connection_is_retried() -> None:
+    # A FindCoordinator whose connection closed mid-request (a broker restarting): aiokafka
+    # raises a bare KafkaError from the KafkaConnectionError, which was taken for brokers
+    # without transactions, and `run` exited for good.
+    made: list[Any] = []
+
+    class Producer(_TxnProducer):
+        async def start(self) -> None:
+            if len(made) == 1:
+                try:
+                    raise kafka_errors.KafkaConnectionError("Connection closed")
+                except kafka_errors.KafkaError as exc:  # as aiokafka's lookup raises it
+                    raise kafka_errors.KafkaError(repr(exc)) from exc
+            await super().start()
+
+    def make(transactional_id: str) -> Any:
+        made.append(Producer())
+        return made[-1]
+
+    out = TransactionalOutput(make, _Committed({TP0: 4}), "g", timeout=5)
+    with pytest.raises(BrokerUnavailable) as failed:
+        await out.on_assigned(frozenset({TP0}))
+    assert failed.value.retriable
+    await out.on_assigned(frozenset({TP0}))  # the consumer's retry: a new producer
+    assert len(made) == 2 and made[1].started
+
+
 # -- the consumer loop ----------------------------------------------------------------------
 
 
