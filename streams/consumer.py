@@ -34,7 +34,7 @@ from limitflow.errors import LimitflowError, PartitionLost
 from limitflow.settings import RunSettings
 from streams.engine import Engine, Record, Result, oversized, process_within
 from streams.ops import ConsumerState, Health, Metrics, OffsetResets
-from streams.output import Message, Output, messages
+from streams.output import Message, Output, messages, translate
 
 log = logging.getLogger("limitflow.consumer")
 _LABELS: Final = attrgetter("kind", "error", "decision", "reason")
@@ -322,7 +322,14 @@ class VelocityConsumer:
         finally:
             woken.cancel()
         if fetch.done():
-            batch: Batch = fetch.result()
+            try:
+                batch: Batch = fetch.result()
+            except KafkaError as exc:
+                if exc.retriable:
+                    raise
+                # a join the group refused for good (a session timeout outside the brokers'
+                # bounds): a traceback, exit 1, where it is one line and exit 4
+                raise translate(exc) from exc
             return batch
         fetch.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -185,6 +185,14 @@ def translate(exc: BaseException) -> BaseException:
             " (LIMITFLOW_MAX_MESSAGE_BYTES) must not exceed the brokers' message.max.bytes"
             " or the output topics' max.message.bytes"
         )
+    if isinstance(exc, kafka_errors.InvalidSessionTimeoutError):
+        # refused at every join: a consumer that cannot join its group decides nothing
+        return BrokerRejected(
+            "Kafka refused the group's session timeout, --session-timeout-ms"
+            " (LIMITFLOW_SESSION_TIMEOUT_MS): it must lie within the brokers'"
+            " group.min.session.timeout.ms and group.max.session.timeout.ms"
+            " (Apache Kafka's defaults: 6000 and 1800000)"
+        )
     if isinstance(exc, kafka_errors.KafkaError):
         return BrokerRejected(f"Kafka refused: {exc!r}")
     return exc

@@ -1372,6 +1372,19 @@ async def test_topics_the_broker_refuses_to_create_stop_run_in_one_line(
     assert out.strip().splitlines()[-1].startswith("limitflow: cannot create topics: ")
 
 
+def test_a_session_timeout_the_brokers_refuse_stops_run_in_one_line(on_noida: Setup) -> None:
+    # noida refuses a session below its group.min.session.timeout.ms, as Apache Kafka
+    # does: run ended with aiokafka's InvalidSessionTimeoutError traceback, exit 1
+    on_noida.create_topics()
+    proc = on_noida.run("--session-timeout-ms", "1")
+    assert proc.wait(60) == 4
+    out = on_noida.log(0)
+    assert "Traceback" not in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("limitflow: kafka: Kafka refused the group's session timeout")
+    assert "LIMITFLOW_SESSION_TIMEOUT_MS" in last
+
+
 def test_exactly_once_on_brokers_without_transactions_says_so_in_one_line(setup: Setup) -> None:
     # tansu answers InitProducerId with UnknownError: run said only
     # "limitflow: kafka: Kafka refused: UnknownError()"
