@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import faust
+import mode
 from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 from faust.exceptions import NotReady
 from faust.streams import Stream
@@ -83,7 +84,7 @@ from streams.engine import (
     process_within,
 )
 from streams.ops import OffsetResets, quiet_secret_loggers
-from streams.output import Message, batch_bytes, compression_type, messages, send_all
+from streams.output import Message, batch_bytes, compression_type, messages, send_all, translate
 
 log = logging.getLogger("limitflow.faust")
 
@@ -374,6 +375,8 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             and time.monotonic() < deadline
         ):
             await asyncio.sleep(0.01)
+        if self.thread_loop.is_closed():  # a crash ended the thread: nothing to stop
+            return
         await super().stop()
 
     async def on_start(self) -> None:
@@ -396,6 +399,22 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         except TimeoutError:
             log.warning("offset commit timed out after %.0fs: brokers unreachable", timeout)
             return False
+
+    @mode.Service.timer(1.0)
+    async def _group_refused(self) -> None:
+        """Stop the worker when aiokafka holds an error of its group coordination for
+        its user (a join the group refused for good: a session timeout outside the
+        brokers' bounds). aiokafka's ``getmany`` takes it; faust never does, and the
+        coordination waits for that without end: the worker stayed up for ever, in no
+        group, deciding nothing, after one line of aiokafka's."""
+        consumer = self._consumer
+        held = None if consumer is None else consumer._coordinator._pending_exception
+        if held is None or self.should_stop or self.app.should_stop:
+            return
+        error = translate(held)
+        log.critical("kafka failed for good: %s", error)
+        # the app's crash, on its loop, stops the worker (exit 1)
+        asyncio.run_coroutine_threadsafe(self.app.crash(error), self.parent_loop)
 
     async def on_thread_stop(self) -> None:
         """faust's, but a consumer closed without its brokers does not kill the thread:

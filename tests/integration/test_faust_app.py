@@ -883,3 +883,26 @@ async def test_a_rule_whose_counters_would_change_meaning_stops_the_worker(
         assert not any((await consumer.getmany(timeout_ms=2000)).values())
     finally:
         await consumer.stop()
+
+
+async def test_a_session_timeout_the_brokers_refuse_stops_the_worker(tmp_path: Path) -> None:
+    # noida refuses a session below its group.min.session.timeout.ms, as Apache Kafka
+    # does: aiokafka logged one line and held the error for a getmany that faust never
+    # makes; the worker stayed up for ever, in no group, deciding nothing
+    with kafka_broker("noida") as noida:
+        topics = await made_topics(noida)
+        worker = Worker(
+            noida,
+            topics,
+            f"sqlite:///{tmp_path / 'faust.db'}",
+            f"g-{uuid.uuid4().hex[:6]}",
+            tmp_path / "w.log",
+            session_timeout_ms="1",
+        )
+        try:
+            code = worker.proc.wait(60)
+        finally:
+            worker.kill()
+    log = worker.log.read_text()
+    assert code != 0, log[-3000:]
+    assert "kafka failed for good: Kafka refused the group's session timeout" in log
