@@ -9,7 +9,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-
 from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
 from limitflow.errors import ConfigError, LimitflowError
-from limitflow.settings import TopicSettings
+from limitflow.settings import MAX_MESSAGE_BYTES, TopicSettings
 
 log = logging.getLogger("limitflow.topics")
 
@@ -18,6 +18,23 @@ _ALREADY_EXISTS: Final = 36
 
 class TopicError(LimitflowError):
     """A topic could not be created (the broker said why)."""
+
+
+KAFKA_MESSAGE_MAX_BYTES: Final = 1_048_588
+"""Apache Kafka's default ``message.max.bytes``: the largest record batch a topic takes
+unless its ``max.message.bytes`` says otherwise."""
+
+
+def topic_configs(max_message_bytes: int) -> dict[str, str]:
+    """The configs of the topics created for records of up to ``max_message_bytes``: a
+    ``max.message.bytes`` with the headroom Kafka's default has over limitflow's when
+    that is larger than the default, else none (the brokers' own). Topics made without
+    it refused what ``run --max-message-bytes`` (over 1 MB) publishes, a dead letter on
+    every retry, and took no input record as large as ``run`` decides."""
+    if max_message_bytes <= MAX_MESSAGE_BYTES:
+        return {}
+    headroom = KAFKA_MESSAGE_MAX_BYTES - MAX_MESSAGE_BYTES
+    return {"max.message.bytes": str(max_message_bytes + headroom)}
 
 
 async def create_topics(admin: AIOKafkaAdminClient, settings: TopicSettings) -> dict[str, str]:
@@ -29,9 +46,15 @@ async def create_topics(admin: AIOKafkaAdminClient, settings: TopicSettings) -> 
     """
     kafka = settings.kafka
     names = [kafka.input_topic, kafka.output_topic, kafka.dead_letter_topic]
+    configs = topic_configs(kafka.max_message_bytes)
     try:
         response = await admin.create_topics(
-            [NewTopic(name, settings.partitions, settings.replication_factor) for name in names]
+            [
+                NewTopic(
+                    name, settings.partitions, settings.replication_factor, topic_configs=configs
+                )
+                for name in names
+            ]
         )
     except KafkaError as exc:
         raise TopicError(f"cannot create topics on {kafka.bootstrap_servers}: {exc}") from exc

@@ -1274,6 +1274,25 @@ async def test_a_dead_letter_larger_than_a_kafka_message_does_not_stop_run(
         s.kill_all()
 
 
+async def test_topics_made_for_a_larger_max_message_bytes_take_what_run_publishes(
+    on_noida: Setup,
+) -> None:
+    # `topics create --max-message-bytes 3000000` took the flag and made topics of the
+    # brokers' ~1 MB: run, with the same flag, published a dead letter of ~1.8 MB
+    # (900 KB of quotes, JSON-escaped into `raw`) that they refused on every retry, exit 4
+    s = on_noida
+    s.security = ["--max-message-bytes", "3000000", "--compression", "none"]  # both commands
+    s.create_topics()
+    huge = b'"' * 900_000
+    (source,) = await produce(s.bootstrap, s.topics[0], [huge])
+    proc = s.run()
+    letters = await read_topic(s.bootstrap, s.topics[2], until=1)
+    assert proc.poll() is None, s.log(0)[-3000:]
+    (letter,) = letters.by_source[source]
+    assert json.loads(letter)["raw"] == huge.decode()  # whole: within --max-message-bytes
+    assert s.stop(proc) == 0
+
+
 async def test_exactly_once_an_output_topic_made_again_mid_run_is_waited_for(
     on_noida: Setup,
 ) -> None:
