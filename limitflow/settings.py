@@ -517,4 +517,7 @@ def load_topic_settings(values: Mapping[str, Any], env: Mapping[str, str]) -> To
     settings = _build(TopicSettings, values, env, kafka=kafka)
     check_positive("partitions", settings.partitions)
     check_positive("replication_factor", settings.replication_factor)
+    # as `run` checks them: a request timeout of 0 said the brokers could not be reached
+    check_positive("request_timeout_ms", kafka.request_timeout_ms)
+    check_positive("max_message_bytes", kafka.max_message_bytes)
     return settings

@@ -185,6 +185,16 @@ def test_topic_settings() -> None:
         load_topic_settings({"partitions": 0}, env_of(REQUIRED))
 
 
+@pytest.mark.parametrize("name", ["request_timeout_ms", "max_message_bytes"])
+def test_topics_create_refuses_what_run_refuses(name: str) -> None:
+    # `topics create --request-timeout-ms 0` said "cannot reach Kafka" of brokers that run
+    for given, env in (({name: 0}, env_of(REQUIRED)), ({}, env_of({**REQUIRED, name: "0"}))):
+        with pytest.raises(ConfigError, match=f"{name} \\({env_name(name)}\\) must be > 0"):
+            load_topic_settings(given, env)
+        with pytest.raises(ConfigError, match=f"{name} \\({env_name(name)}\\) must be > 0"):
+            load_run_settings(given, env)
+
+
 def test_faust_settings_come_from_the_same_loader() -> None:
     from streams.faust_app import FaustSettings
 
