@@ -85,6 +85,7 @@ from streams.engine import (
 )
 from streams.ops import OffsetResets, quiet_secret_loggers
 from streams.output import Message, batch_bytes, compression_type, messages, send_all, translate
+from streams.topics import topic_configs
 
 log = logging.getLogger("limitflow.faust")
 
@@ -588,6 +589,9 @@ def build_app(settings: FaustSettings, rules: RuleSet | None = None) -> faust.Ap
         value_serializer="raw",
         broker_credentials=faust_credentials(settings.security),
     )
+    # as `limitflow topics create` makes them: with a LIMITFLOW_MAX_MESSAGE_BYTES over 1 MB,
+    # topics of the brokers' ~1 MB refused the dead letters the app published
+    configs = topic_configs(settings.max_message_bytes)
     source = app.topic(
         settings.input_topic,
         key_type=bytes,
@@ -595,9 +599,10 @@ def build_app(settings: FaustSettings, rules: RuleSet | None = None) -> faust.Ap
         key_serializer="raw",
         value_serializer="raw",
         allow_empty=True,
+        config=configs,
     )
     sinks = [
-        app.topic(name, key_serializer="raw", value_serializer="raw")
+        app.topic(name, key_serializer="raw", value_serializer="raw", config=configs)
         for name in (settings.output_topic, settings.dead_letter_topic)
     ]
 

@@ -906,3 +906,53 @@ async def test_a_session_timeout_the_brokers_refuse_stops_the_worker(tmp_path: P
     log = worker.log.read_text()
     assert code != 0, log[-3000:]
     assert "kafka failed for good: Kafka refused the group's session timeout" in log
+
+
+async def test_topics_the_app_makes_take_a_larger_max_message_bytes(tmp_path: Path) -> None:
+    # with LIMITFLOW_MAX_MESSAGE_BYTES=3000000 the app declared its topics with the
+    # brokers' ~1 MB: a dead letter of ~1.8 MB (900 KB of quotes, JSON-escaped) was
+    # refused, and the worker crashed on it at every start
+    with kafka_broker("noida") as noida:
+        topics = Topics()  # made by the app
+        worker = Worker(
+            noida,
+            topics,
+            f"sqlite:///{tmp_path / 'faust.db'}",
+            f"g-{uuid.uuid4().hex[:6]}",
+            tmp_path / "w.log",
+            max_message_bytes="3000000",
+            compression="none",
+        )
+        try:
+            admin = AIOKafkaAdminClient(bootstrap_servers=noida.bootstrap_servers)
+            await admin.start()
+            try:
+                deadline = time.monotonic() + 60
+                while topics.dead not in await admin.list_topics():
+                    assert time.monotonic() < deadline, worker.log.read_text()[-3000:]
+                    await asyncio.sleep(0.5)
+            finally:
+                await admin.close()
+            huge = b'"' * 900_000
+            await produce(noida, topics.input, [huge])
+            consumer = AIOKafkaConsumer(
+                topics.dead,
+                bootstrap_servers=noida.bootstrap_servers,
+                auto_offset_reset="earliest",
+                fetch_max_bytes=10_000_000,
+            )
+            await consumer.start()
+            try:
+                letters: list[bytes] = []
+                deadline = time.monotonic() + 60
+                while not letters:
+                    assert worker.proc.poll() is None, worker.log.read_text()[-3000:]
+                    assert time.monotonic() < deadline, worker.log.read_text()[-3000:]
+                    for records in (await consumer.getmany(timeout_ms=500)).values():
+                        letters += [r.value for r in records]
+            finally:
+                await consumer.stop()
+            assert json.loads(letters[0])["raw"] == huge.decode()
+            assert worker.stop() == 0
+        finally:
+            worker.kill()
