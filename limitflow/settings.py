@@ -112,6 +112,14 @@ def check_security(security: KafkaSecurity) -> None:
         tls_context(security)  # files that cannot be read or used: refused at start
 
 
+class _EncryptedKey(Exception):
+    """The private key asks for a passphrase (``_no_passphrase``)."""
+
+
+def _no_passphrase() -> str:
+    raise _EncryptedKey
+
+
 def tls_context(security: KafkaSecurity) -> ssl.SSLContext:
     """The TLS context of every Kafka client (as aiokafka's ``create_ssl_context`` makes
     it): brokers' certificates and host names checked against ``ssl_cafile`` or the
@@ -122,7 +130,18 @@ def tls_context(security: KafkaSecurity) -> ssl.SSLContext:
             ssl.Purpose.SERVER_AUTH, cafile=security.ssl_cafile or None
         )
         if security.ssl_certfile:
-            context.load_cert_chain(security.ssl_certfile, security.ssl_keyfile or None)
+            # no passphrase is taken: OpenSSL's own prompt for one, on the terminal, held
+            # a start (once per client), and without a terminal its failure said only
+            # "[Errno 22] Invalid argument"
+            context.load_cert_chain(
+                security.ssl_certfile, security.ssl_keyfile or None, password=_no_passphrase
+            )
+    except _EncryptedKey:
+        name = "ssl_keyfile" if security.ssl_keyfile else "ssl_certfile"
+        raise ConfigError(
+            f"TLS: {name} ({env_name(name)}) {getattr(security, name)}: the private key is"
+            " encrypted; limitflow takes an unencrypted one (PEM), kept as a secret"
+        ) from None
     except (OSError, ssl.SSLError) as exc:
         files = ", ".join(
             f"{name} ({env_name(name)}) {getattr(security, name)}"

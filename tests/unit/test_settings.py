@@ -690,3 +690,32 @@ def test_the_faust_app_takes_the_same_security_settings(tmp_path: Path) -> None:
             env_of({**base, "security_protocol": "SASL_SSL"})
             | env_of({"sasl_mechanism": "PLAIN", "sasl_username": "u"})
         )
+
+
+def test_an_encrypted_private_key_is_refused_in_one_line_without_a_prompt(
+    tmp_path: Path,
+) -> None:
+    # OpenSSL asked for its passphrase ("Enter PEM pass phrase:", on the terminal, once
+    # per client); without one the command said "[Errno 22] Invalid argument"
+    made = make_certificates(tmp_path)
+    encrypted = tmp_path / "client.enc.key"
+    key = ["-in", str(made["client_key"]), "-aes256", "-passout", "pass:pw", "-out", str(encrypted)]
+    subprocess.run(["openssl", "rsa", *key], check=True, capture_output=True)
+    topics = ["--input-topic", "a", "--output-topic", "b", "--dead-letter-topic", "c"]
+    tls = ["--security-protocol", "SSL", "--ssl-certfile", str(made["client"]), "--ssl-keyfile"]
+    command = [sys.executable, "-m", "limitflow", "topics", "create"]
+    done = subprocess.run(
+        [*command, "--bootstrap-servers", "127.0.0.1:9", *topics, *tls, str(encrypted)],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,  # no terminal to prompt on
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"limitflow: TLS: ssl_keyfile (LIMITFLOW_SSL_KEYFILE) {encrypted}: the private key is"
+        " encrypted; limitflow takes an unencrypted one (PEM), kept as a secret"
+    ]
