@@ -33,6 +33,7 @@ from limitflow.settings import (
     load_topic_settings,
     tls_context,
     unknown_variables,
+    whole_number,
 )
 from limitflow.stopping import SIGNALS, StopSignals
 
@@ -51,6 +52,14 @@ log = logging.getLogger("limitflow.run")
 _T = TypeVar("_T")
 
 
+def _whole_number(raw: str) -> int:
+    """A number flag, read as its ``LIMITFLOW_*`` variable is (``whole_number``)."""
+    try:
+        return whole_number(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _env_help(text: str, option: str) -> str:
     return f"{text} [env {env_name(option)}]"
 
@@ -61,10 +70,14 @@ def _kafka_options(parser: argparse.ArgumentParser) -> None:
     add("--input-topic", help=_env_help("topic of the events", "input_topic"))
     add("--output-topic", help=_env_help("topic the verdicts go to", "output_topic"))
     add("--dead-letter-topic", help=_env_help("topic of rejected input", "dead_letter_topic"))
-    add("--partitions", type=int, help=_env_help("partitions of created topics (6)", "partitions"))
+    add(
+        "--partitions",
+        type=_whole_number,
+        help=_env_help("partitions of created topics (6)", "partitions"),
+    )
     add(
         "--replication-factor",
-        type=int,
+        type=_whole_number,
         help=_env_help("replication factor of created topics (1)", "replication_factor"),
     )
     security = parser.add_argument_group(
@@ -94,12 +107,12 @@ def _kafka_options(parser: argparse.ArgumentParser) -> None:
     )
     tuning.add_argument(
         "--request-timeout-ms",
-        type=int,
+        type=_whole_number,
         help=_env_help("per broker request; slower counts as down (30000)", "request_timeout_ms"),
     )
     tuning.add_argument(
         "--max-message-bytes",
-        type=int,
+        type=_whole_number,
         help=_env_help(
             "largest record published or decided; a larger input record, or a dead letter"
             " that would be larger, is named by its size and hash (1000000)",
@@ -142,11 +155,13 @@ def register_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     )
     add(
         "--http-port",
-        type=int,
+        type=_whole_number,
         help=_env_help("ops port: /healthz /readyz /metrics; 0 = off (0)", "http_port"),
     )
     add("--http-host", help=_env_help("ops address (127.0.0.1)", "http_host"))
-    add("--batch-size", type=int, help=_env_help("records per batch (2000)", "batch_size"))
+    add(
+        "--batch-size", type=_whole_number, help=_env_help("records per batch (2000)", "batch_size")
+    )
     add("--log-level", help=_env_help("DEBUG, INFO (default), WARNING…", "log_level"))
     add(
         "--log-format",
@@ -164,7 +179,7 @@ def register_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         ("--shutdown-grace-ms", "on SIGTERM, how long an outage may hold the batch (20000)"),
     ):
         name = option.removeprefix("--").replace("-", "_")
-        timing.add_argument(option, type=int, help=_env_help(text, name))
+        timing.add_argument(option, type=_whole_number, help=_env_help(text, name))
     run.set_defaults(handler=_run_command)
 
     topics = commands.add_parser("topics", help="manage the Kafka topics limitflow uses")

@@ -257,6 +257,15 @@ def env_name(option: str) -> str:
     return ENV_PREFIX + option.upper()
 
 
+def whole_number(raw: str) -> int:
+    """``raw`` (spaces around it aside) as an ``int`` of ASCII digits, maybe negative: the
+    flags' as the variables' (``int`` took ``1_000``, ``+5`` and other scripts' digits)."""
+    text = raw.strip()
+    if not text.lstrip("-").isdigit() or not text.isascii():
+        raise ValueError(f"expected a whole number, got {raw!r}")
+    return int(text)
+
+
 def _convert(name: str, raw: Any, kind: Any) -> Any:
     """``raw`` (a string from the environment, or a parsed flag) as type ``kind``."""
     if not isinstance(raw, str) or name == "sasl_password":  # a password is as given
@@ -264,9 +273,7 @@ def _convert(name: str, raw: Any, kind: Any) -> Any:
     text = raw.strip()
     try:
         if kind in (int, "int"):
-            if not text.lstrip("-").isdigit() or not text.isascii():
-                raise ValueError(f"expected a whole number, got {raw!r}")
-            return int(text)
+            return whole_number(raw)
         if kind in (bool, "bool"):
             lowered = text.lower()
             if lowered in ("1", "true", "yes", "on"):

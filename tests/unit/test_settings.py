@@ -719,3 +719,21 @@ def test_an_encrypted_private_key_is_refused_in_one_line_without_a_prompt(
         f"limitflow: TLS: ssl_keyfile (LIMITFLOW_SSL_KEYFILE) {encrypted}: the private key is"
         " encrypted; limitflow takes an unencrypted one (PEM), kept as a secret"
     ]
+
+
+@pytest.mark.parametrize("raw", ["1_000", "+5", "\u0663", "0x10"])
+def test_a_number_flag_takes_what_its_variable_takes(
+    raw: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # argparse's int took `--batch-size 1_000` (and `+5`, Arabic-Indic digits), which
+    # LIMITFLOW_BATCH_SIZE refuses: the same setting read two ways
+    from limitflow.cli import build_parser
+
+    with pytest.raises(ConfigError, match="expected a whole number"):
+        load_run_settings({}, env_of({**REQUIRED, "batch_size": raw}))
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["run", "--batch-size", raw])
+    assert refused.value.code == 2
+    assert f"argument --batch-size: expected a whole number, got {raw!r}" in capsys.readouterr().err
+    args = build_parser().parse_args(["run", "--batch-size", " 12 ", "--http-port", "8080"])
+    assert (args.batch_size, args.http_port) == (12, 8080)
