@@ -557,6 +557,10 @@ def faust_credentials(security: KafkaSecurity) -> Any:
     return None if context is None else faust.SSLCredentials(context)
 
 
+_FAUST_REQUEST_TIMEOUT: Final = 90.0
+"""faust's own ``broker_request_timeout``, seconds."""
+
+
 def build_app(settings: FaustSettings, rules: RuleSet | None = None) -> faust.App:
     """The faust app: one agent over the input topic, publishing verdicts and dead letters;
     on ``rules``, or the rules file of ``settings``."""
@@ -576,6 +580,11 @@ def build_app(settings: FaustSettings, rules: RuleSet | None = None) -> faust.Ap
         # as `limitflow run`'s: partitions added to the input topic waited 5 minutes
         consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
         broker_session_timeout=session,
+        # faust refuses a session longer than its request timeout (90 s), and
+        # LIMITFLOW_SESSION_TIMEOUT_MS has none of its own (run takes up to the brokers'
+        # 30 minutes): the worker's consumer crashed at start, in tracebacks naming
+        # faust's settings, where the session asked for runs
+        broker_request_timeout=max(_FAUST_REQUEST_TIMEOUT, session),
         broker_heartbeat_interval=max(session / 10, 0.1),
         broker_commit_interval=1.0,
         producer_request_timeout=settings.request_timeout_ms / 1000,

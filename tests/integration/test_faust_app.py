@@ -956,3 +956,28 @@ async def test_topics_the_app_makes_take_a_larger_max_message_bytes(tmp_path: Pa
             assert worker.stop() == 0
         finally:
             worker.kill()
+
+
+async def test_a_session_timeout_over_90_s_is_taken(
+    kafka: KafkaBroker, topics: Topics, tmp_path: Path
+) -> None:
+    # faust refuses a session longer than its request timeout (90 s): with
+    # LIMITFLOW_SESSION_TIMEOUT_MS=100000 the consumer thread crashed at start (exit 1)
+    worker = Worker(
+        kafka,
+        topics,
+        f"sqlite:///{tmp_path / 'faust.db'}",
+        f"g-{uuid.uuid4().hex[:6]}",
+        tmp_path / "w.log",
+        session_timeout_ms="100000",
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "Executing _on_partitions_assigned" not in worker.log.read_text():
+            assert worker.proc.poll() is None, worker.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, worker.log.read_text()[-3000:]
+            await asyncio.sleep(0.5)
+        assert worker.stop() == 0, worker.log.read_text()[-3000:]
+        assert "ImproperlyConfigured" not in worker.log.read_text()
+    finally:
+        worker.kill()
