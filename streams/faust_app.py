@@ -408,8 +408,9 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         brokers' bounds). aiokafka's ``getmany`` takes it; faust never does, and the
         coordination waits for that without end: the worker stayed up for ever, in no
         group, deciding nothing, after one line of aiokafka's."""
-        consumer = self._consumer
-        held = None if consumer is None else consumer._coordinator._pending_exception
+        # (no coordinator before the consumer has started: aiokafka's is None until then)
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        held = getattr(coordinator, "_pending_exception", None)
         if held is None or self.should_stop or self.app.should_stop:
             return
         error = translate(held)
