@@ -118,13 +118,22 @@ def _long_line(
     size = 0
     blank = True
     chunk = start
-    held = b""  # a chunk's last \r, which may be the start of its line's end
+    held = 0  # the \r that end the chunks so far, which may be the start of its line's end:
+    # counted, not kept (a run of gigabytes of them was held, and copied at every chunk)
     first = number == 1  # a byte order mark yet to take off
     while True:
         last = not chunk or chunk.endswith(b"\n")  # not chunk: the end of the file
-        chunk = held + chunk
         data = chunk.rstrip(b"\r\n") if last else chunk.rstrip(b"\r")
-        held = b"" if last else chunk[len(data) :]
+        if data and held:  # more of the line after them: the \r held are of its bytes
+            for done in range(0, held, _CHUNK):
+                crs = b"\r" * min(_CHUNK, held - done)
+                digest.update(crs)
+                size += len(crs)
+                if size <= limit:
+                    head += crs
+            held = 0
+        if not last:
+            held += len(chunk) - len(data)
         if first and data.startswith(_BOM):
             data = data[len(_BOM) :]
         first = False

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 from hypothesis import given, settings
@@ -126,3 +127,59 @@ def test_a_replay_dead_letters_a_long_line_and_decides_the_rest(tmp_path: Path) 
         "raw_sha256": hashlib.sha256(long).hexdigest(),
     }
     assert letters[1]["error"] == "invalid_json"  # a short line is read as before
+
+
+class _CarriageReturns(io.RawIOBase):
+    """``start``, then ``count`` bytes of \\r, then ``end``: made as they are read, so
+    the source holds none of them."""
+
+    def __init__(self, start: bytes, count: int, end: bytes) -> None:
+        self.parts: list[bytes | int] = [start, count, end]
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self.parts:
+            part = self.parts[0]
+            if isinstance(part, int):
+                n = min(part, len(buffer))
+                buffer[:n] = b"\r" * n
+                self.parts[0] = part - n
+            else:
+                n = min(len(part), len(buffer))
+                buffer[:n] = part[:n]
+                self.parts[0] = part[n:]
+            if not self.parts[0]:
+                self.parts.pop(0)
+            if n:
+                return n
+        return 0
+
+
+def test_a_long_run_of_carriage_returns_in_a_line_is_read_past_not_held() -> None:
+    # a run of \r in a long line was held until the line went on or ended, and copied
+    # once more at every chunk read: memory as large as the run, time as its square
+    import tracemalloc
+
+    count = 4 * 2**20
+    for end, expected in (
+        (b"x\n", (8 + count + 1, hashlib.sha256(b'{"a": 1}' + b"\r" * count + b"x").hexdigest())),
+        (b"\n", None),  # the line ends at them: its bytes were the first 8
+    ):
+        source = io.BufferedReader(_CarriageReturns(b'{"a": 1}', count, end))
+        pending: list[Record] = []
+        tracemalloc.start()
+        try:
+            for _ in read_lines(source, 10, pending, 1000):
+                pass
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 2**20, f"{peak:,} bytes held"
+        [record] = pending
+        if expected is None:
+            assert type(record) is Record and record.raw == b'{"a": 1}'
+        else:
+            assert isinstance(record, LongLine)
+            assert (record.size, record.sha256) == expected
