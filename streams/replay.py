@@ -229,7 +229,9 @@ async def replay(
     _write(verdicts, b"", "output")
     _write(dead_letters, b"", "dead-letter")
     summary.seconds = time.perf_counter() - started
-    progress.update(summary, total_bytes, force=True)
+    # where it stopped: a replay stopped by a signal is not all done (it said 100%)
+    position = source.tell() if total_bytes and summary.interrupted else total_bytes
+    progress.update(summary, position, force=True)
     return summary
 
 
