@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import os
+import select
 import signal
 import stat
 import sys
@@ -167,6 +169,9 @@ def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
         if stream is None:
             which = "standard input" if mode == "rb" else "standard output"
             raise CommandFailed(f"cannot use -: {which} is closed", code)
+        if mode == "rb" and not _blocking(stream.fileno()):
+            yield io.BufferedReader(_Waiting(stream.fileno()))
+            return
         yield stream.buffer
         return
     try:
@@ -175,6 +180,39 @@ def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
         raise CommandFailed(f"cannot open {path}: {exc.strerror}", code) from None
     with _closing(handle):
         yield handle  # type: ignore[misc]
+
+
+def _blocking(fd: int) -> bool:
+    """Whether reading ``fd`` waits for data (true too of a descriptor that is no file)."""
+    try:
+        return os.get_blocking(fd)
+    except OSError:
+        return True
+
+
+class _Waiting(io.RawIOBase):
+    """Standard input left non-blocking by whoever started the replay (a pipe whose
+    O_NONBLOCK the parent set): a read finding nothing there yet waits for it, as on a
+    blocking one. A read of it returned nothing, taken for the end of the input: the
+    replay decided the lines there were so far, the last one cut short as a dead letter,
+    and ended with exit 0, the rest unread. Its flags are left as they are: the open
+    file is the starter's too."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def readable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def readinto(self, buffer: Any) -> int:
+        while True:
+            try:
+                return os.readv(self._fd, [buffer])
+            except BlockingIOError:
+                select.select([self._fd], [], [])  # a signal's handler may end the wait
 
 
 @contextlib.contextmanager

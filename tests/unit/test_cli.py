@@ -15,7 +15,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -449,6 +449,39 @@ def test_one_file_reached_two_ways_is_still_one_file(tmp_path: Path, rules: Path
             )
         lines = jsonl((tmp_path / "out.jsonl").read_bytes())
         assert [d.get("error") or d["event_id"] for d in lines] == expected, (output, dead_letter)
+
+
+def test_a_non_blocking_stdin_is_waited_on_not_taken_for_its_end(tmp_path: Path) -> None:
+    # a pipe whose O_NONBLOCK the starter set: the first read finding it empty ended the
+    # input, exit 0, with its last line cut short as an invalid_json dead letter and the
+    # rest of the events never read
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    lines = [pay(f"e{n}", account=f"a{n}").encode() + b"\n" for n in range(40)]
+    data = b"".join(lines)
+    cut = len(lines[0]) * 20 + 7  # in the middle of a line
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    with open(read_end, "rb") as stdin:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
+                *("--input", "-", "--output", "v.jsonl", "--dead-letter", "d.jsonl"),
+                *("--store", "memory://"),
+            ],
+            cwd=tmp_path,
+            stdin=stdin,
+            stderr=subprocess.PIPE,
+        )
+    with open(write_end, "wb", buffering=0) as writer:
+        writer.write(data[:cut])
+        time.sleep(2)  # the replay has read all there is, and finds the pipe empty
+        with suppress(BrokenPipeError):  # as it did: it had ended
+            writer.write(data[cut:])
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert (tmp_path / "d.jsonl").read_bytes() == b""
+    verdicts = [json.loads(line) for line in (tmp_path / "v.jsonl").read_bytes().splitlines()]
+    assert [v["event_id"] for v in verdicts] == [f"e{n}" for n in range(40)]
 
 
 def test_stdin_redirected_from_the_output_file_is_refused(tmp_path: Path, rules: Path) -> None:
