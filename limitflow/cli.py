@@ -169,8 +169,14 @@ def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
         if stream is None:
             which = "standard input" if mode == "rb" else "standard output"
             raise CommandFailed(f"cannot use -: {which} is closed", code)
-        if mode == "rb" and not _blocking(stream.fileno()):
-            yield io.BufferedReader(_Waiting(stream.fileno()))
+        if not _blocking(stream.fileno()):
+            waiting = _Waiting(stream.fileno())
+            if mode == "rb":
+                yield io.BufferedReader(waiting)
+                return
+            writer = io.BufferedWriter(waiting)
+            with _closing(writer):
+                yield writer
             return
         yield stream.buffer
         return
@@ -191,12 +197,14 @@ def _blocking(fd: int) -> bool:
 
 
 class _Waiting(io.RawIOBase):
-    """Standard input left non-blocking by whoever started the replay (a pipe whose
-    O_NONBLOCK the parent set): a read finding nothing there yet waits for it, as on a
-    blocking one. A read of it returned nothing, taken for the end of the input: the
-    replay decided the lines there were so far, the last one cut short as a dead letter,
-    and ended with exit 0, the rest unread. Its flags are left as they are: the open
-    file is the starter's too."""
+    """Standard input or output left non-blocking by whoever started the replay (a pipe
+    whose O_NONBLOCK the parent set): a read finding nothing there yet waits for it, a
+    write finding the pipe full waits for room, as on a blocking one. A read of it
+    returned nothing, taken for the end of the input: the replay decided the lines there
+    were so far, the last one cut short as a dead letter, and ended with exit 0, the rest
+    unread; a write wrote part of the verdicts, dropped the rest without a word, and the
+    replay ended with exit 0. Its flags are left as they are: the open file is the
+    starter's too."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
@@ -213,6 +221,16 @@ class _Waiting(io.RawIOBase):
                 return os.readv(self._fd, [buffer])
             except BlockingIOError:
                 select.select([self._fd], [], [])  # a signal's handler may end the wait
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        while True:
+            try:
+                return os.write(self._fd, data)
+            except BlockingIOError:
+                select.select([], [self._fd], [])
 
 
 @contextlib.contextmanager

@@ -484,6 +484,37 @@ def test_a_non_blocking_stdin_is_waited_on_not_taken_for_its_end(tmp_path: Path)
     assert [v["event_id"] for v in verdicts] == [f"e{n}" for n in range(40)]
 
 
+def test_a_non_blocking_stdout_is_waited_on_not_written_in_part(tmp_path: Path) -> None:
+    # a pipe whose O_NONBLOCK the starter set, its reader slower than the replay: the
+    # writes that found it full wrote part of the verdicts and dropped the rest without
+    # a word, and the replay ended with exit 0
+    rules = write(tmp_path / "rules.yaml", [RULES])
+    note = "x" * 2_000  # verdicts of more than the pipe holds (64 KiB)
+    lines = [pay(f"e{n}", account=f"a{n}")[:-1] + f', "note": "{note}"}}\n' for n in range(200)]
+    source = write(tmp_path / "events.jsonl", ["".join(lines)])
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    with open(write_end, "wb") as stdout:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "limitflow", "replay", "--rules", str(rules)),
+                *("--input", str(source), "--output", "-", "--dead-letter", "d.jsonl"),
+                *("--store", "memory://"),
+            ],
+            cwd=tmp_path,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+        )
+    with open(read_end, "rb") as reader:
+        time.sleep(2)  # the replay has filled the pipe
+        out = reader.read()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert out.count(b"\n") == 200 and out.endswith(b"\n")
+    verdicts = [json.loads(line) for line in out.splitlines()]
+    assert [v["event_id"] for v in verdicts] == [f"e{n}" for n in range(200)]
+
+
 def test_stdin_redirected_from_the_output_file_is_refused(tmp_path: Path, rules: Path) -> None:
     source = write(tmp_path / "in.jsonl", [pay("p1")])
     before = source.read_bytes()
