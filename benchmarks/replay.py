@@ -92,7 +92,7 @@ def core_batched(lines: list[bytes], batch: int = 2_000) -> tuple[float, float]:
             snapshot = await store.load(keys)
             started = clock()
             state = WorkingState(snapshot)
-            more = decider.reversal_keys(events, state, keys)
+            more = decider.reversal_keys(events, state)
             handing += clock() - started
             if more:
                 snapshot.merge(await store.load(more))

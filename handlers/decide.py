@@ -420,15 +420,25 @@ class Decider:
         return 3 + sum(1 for a in plan if a.key is not None)
 
     @staticmethod
-    def reversal_keys(events: Sequence[Event], state: WorkingState, loaded: Keys) -> Keys:
-        """The buckets of loaded originals that reversals will release, not yet loaded."""
+    def reversal_keys(events: Sequence[Event], state: WorkingState) -> Keys:
+        """The buckets of loaded originals that reversals will release, to be read (again,
+        if the batch's payments read them already) now that the originals' records have
+        been read.
+
+        A store reads a batch's keys one kind after another, not at one instant: a bucket
+        read before another process committed the original there, then the original's
+        record read after, made the bucket look as if it never held the payment. The
+        reversal released nothing and wrote no bucket, so nothing conditioned its commit
+        on it: the payment was marked reversed and stayed counted. Read after the record,
+        a bucket holds the payment, or has changed since in a way that the commit's
+        condition on the record or the bucket refuses."""
         keys = Keys()
         for event in events:
             if event.original_event_id is None:
                 continue
             original = state.event(event.original_event_id)
             if original is not None:
-                keys.buckets.update(k for k in original.buckets if k not in loaded.buckets)
+                keys.buckets.update(original.buckets)
         return keys
 
     # -- deciding -------------------------------------------------------------------------

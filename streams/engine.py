@@ -219,7 +219,7 @@ class Engine:
         keys = decider.keys(events, [p if len(p) <= widest else () for _, _, p in pending])
         snapshot = await self.store.load(keys)
         state = WorkingState(snapshot)
-        more = decider.reversal_keys(events, state, keys)
+        more = decider.reversal_keys(events, state)
         if more:
             snapshot.merge(await self.store.load(more))
         limit = self.store.max_records_per_commit

@@ -20,6 +20,7 @@ from handlers.state import Account, Bucket, EventRecord, Keys, Snapshot, Working
 from limitflow.errors import ConflictError, StoreRejected
 from schemas.events import EventRejected, EventType, parse_event
 from schemas.rules import RuleChanged, RuleSet, load_rules, parse_rules
+from schemas.verdicts import Decision
 from stores import open_store
 from stores.base import CountersLive, Store
 from stores.dry_run import DryRunStore
@@ -747,6 +748,65 @@ async def test_a_reversal_releases_nothing_from_a_bucket_that_expired_and_began_
         assert p4["decision"] == "accept"
     finally:
         await store.close()
+
+
+_SHARED_RULES = b"""
+rules:
+  - {id: merchant, scope: merchant_id, window: month, currency: CNY, max_amount: "1000.00"}
+  - {id: account, scope: account_id, window: month, currency: CNY, max_amount: "200.00"}
+"""
+
+
+def _shared(event_id: str, account: str, merchant: str, amount: str) -> Record:
+    doc = {"event_id": event_id, "account_id": account, "merchant_id": merchant}
+    doc.update({"amount": amount, "currency": "CNY", "occurred_at": "2030-03-17T10:00:00Z"})
+    return Record(json.dumps(doc).encode(), {"line": 0})
+
+
+async def test_a_reversal_of_a_payment_committed_while_its_batch_was_read_releases_it(
+    store_url: str,
+) -> None:
+    """A store reads a batch's buckets, then its accounts and event records, not at one
+    instant. Process B commits p (into merchant m's bucket, new) after A has read that
+    bucket (a rejected payment of A's batch plans it) and before A reads p's record: A's
+    reversal of p found p, released nothing from a bucket it read as never holding p,
+    and wrote none. p was marked reversed and stayed counted in m's bucket for good."""
+    a, b = await opened(store_url), await opened(store_url)
+    if isinstance(a, MemoryStore) and isinstance(b, MemoryStore):
+        b.data = a.data
+    rules = parse_rules(_SHARED_RULES)
+    engine_a, engine_b = Engine(Decider(rules), a), Engine(Decider(rules), b)
+    read = a._read
+    meanwhile: list[Callable[[], Any]] = []
+
+    async def read_with_b_between(keys: Keys) -> Snapshot:
+        # as the store reads them: the buckets, then (after B's commit) the rest
+        snapshot = await read(Keys(buckets=keys.buckets))
+        while meanwhile:
+            await meanwhile.pop()()
+        snapshot.merge(await read(Keys(accounts=keys.accounts, events=keys.events)))
+        return snapshot
+
+    try:
+        # x has used up its account's month elsewhere: its payments at m are rejected,
+        # and leave m's bucket as it was
+        await engine_a.process([_shared("x0", "x", "elsewhere", "200.00")])
+        a._read = read_with_b_between  # type: ignore[method-assign]
+        meanwhile.append(lambda: engine_b.process([_shared("p", "y", "m", "150.00")]))
+        reversal = {"event_id": "r", "type": "reversal", "account_id": "y"}
+        reversal.update({"original_event_id": "p", "occurred_at": "2030-03-17T11:00:00Z"})
+        x1, r = await engine_a.process(
+            [_shared("x1", "x", "m", "50.00"), Record(json.dumps(reversal).encode(), {})]
+        )
+        assert not meanwhile  # B's commit came in between
+        assert (x1.decision, r.decision) == (Decision.REJECT, Decision.ACCEPT)
+        got = await b.load(Keys(buckets={"merchant|2030-03|m"}, events={"p"}))
+        assert got.events["p"].reversed == 15_000
+        held = got.buckets["merchant|2030-03|m"]
+        assert (held.count, held.amount) == (0, 0)  # p released: it was 1, 15,000
+    finally:
+        await a.close()
+        await b.close()
 
 
 _KEPT_RULES = b"""
