@@ -356,7 +356,13 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def _read(self, keys: Keys) -> Snapshot:
-        """Fetch the stored records of ``keys`` (absent keys left out), as fresh copies."""
+        """Fetch the stored records of ``keys`` (absent keys left out), as fresh copies.
+
+        Not at one instant, but the accounts no later than the event records: a
+        reversal's original read as absent is then absent when its account was read,
+        or the reversal's write of the account fails its condition. (Read after the
+        account, a payment committed in between is found; read before, it was not, and
+        the reversal was committed "original not found" after the payment's seq.)"""
 
     @abc.abstractmethod
     async def _write(self, writes: Writes, expected: Expected) -> None:

@@ -2,13 +2,14 @@
 
 Every record is one item of the table ``{PREFIX}-state`` keyed by ``pk``: ``b#<bucket key>``,
 ``a#<account id>`` or ``e#<event id>`` (and ``r#<rule id>:<window>``: what a rule's counters hold,
-see ``Store.keep_rules``), so one ``BatchGetItem`` reads all three kinds of record (see
-docs/dynamodb.md for why one table rather than three). Each item holds its ``version``;
-a commit puts every record with ``version = v`` under the condition that the stored version
-is ``v - 1`` and, for buckets and event records, the stored ``expires_at`` the one read
-(``attribute_not_exists(pk)`` for ``v = 1``), all in one transaction of at most 100 items,
-so a batch is all-or-nothing and a stale (zombie) writer can never overwrite newer state,
-not even an item that TTL deleted and a writer created again (its versions restart at 1).
+see ``Store.keep_rules``), so one ``BatchGetItem`` reads buckets and accounts together, and
+event records after them (see docs/dynamodb.md for why one table rather than three). Each
+item holds its ``version``; a commit puts every record with ``version = v`` under the
+condition that the stored version is ``v - 1`` and, for buckets and event records, the
+stored ``expires_at`` the one read (``attribute_not_exists(pk)`` for ``v = 1``), all in one
+transaction of at most 100 items, so a batch is all-or-nothing and a stale (zombie) writer
+can never overwrite newer state, not even an item that TTL deleted and a writer created
+again (its versions restart at 1).
 Reads are strongly consistent, or the version checks would be meaningless.
 
 Numbers are stored as DynamoDB ``N`` from Python ints (exact, minor units), verdicts as
@@ -490,16 +491,18 @@ class DynamoStore(Store):
     # -- records ------------------------------------------------------------------------
 
     async def _read(self, keys: Keys) -> Snapshot:
-        pks = [
-            *(BUCKET + k for k in keys.buckets),
-            *(ACCOUNT + k for k in keys.accounts),
-            *(EVENT + k for k in keys.events),
-        ]
         snapshot = Snapshot()
-        if not pks:
-            return snapshot
-        for item in await self._get_all(await self._dynamodb(), pks):
-            _add_item(snapshot, item)
+        # the event records once the buckets and accounts are read, not in the same
+        # concurrent requests (``Store._read``): a reversal's original answered before
+        # another process committed it, and its account after, left the reversal
+        # decided "original not found" after the payment in the account's sequence
+        for pks in (
+            [*(BUCKET + k for k in keys.buckets), *(ACCOUNT + k for k in keys.accounts)],
+            [EVENT + k for k in keys.events],
+        ):
+            if pks:
+                for item in await self._get_all(await self._dynamodb(), pks):
+                    _add_item(snapshot, item)
         return snapshot
 
     async def _get_all(self, client: Any, pks: list[str]) -> list[Item]:

@@ -5,6 +5,7 @@ one merchant bucket."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -27,11 +28,11 @@ from limitflow.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventType
-from schemas.rules import load_rules
+from schemas.rules import load_rules, parse_rules
 from stores.base import Retention
 from stores.dynamo import DynamoStore
 from stores.memory import MemoryStore
-from streams.engine import Engine
+from streams.engine import Engine, Record
 from streams.replay import replay
 from tests.servers import dynamodb_local
 
@@ -207,7 +208,7 @@ async def test_records_round_trip_exactly_as_fresh_copies(store: DynamoStore) ->
         events={"evt-1", "evt-2", "evt-3"},
     )
     first = await store.load(keys)
-    assert store.round_trips == before + 1
+    assert store.round_trips == before + 2  # buckets and accounts, then event records
     assert first.buckets == writes.buckets
     assert first.buckets["life|all|x\\|y"].expires_at is None  # lifetime buckets never expire
     assert first.accounts == writes.accounts
@@ -475,3 +476,55 @@ def test_processes_sharing_a_merchant_bucket_never_pass_the_limit(
     bucket = asyncio.run(stored())
     assert bucket.count == len(accepted)
     assert bucket.amount == sum(amounts[a] for a in accepted)
+
+
+async def test_a_reversal_reads_its_original_after_its_account(
+    endpoint_url: str, prefix: str
+) -> None:
+    """A batch's keys took concurrent ``BatchGetItem``s of any kind: the request with a
+    reversal's original could be answered before another process committed the payment,
+    and the one with the account after. The reversal was then committed "original not
+    found" with the seq after the payment's, and the payment stayed counted. Read after
+    the accounts, the original is found, or the account's write conflicts."""
+    a = DynamoStore.from_url(_url(endpoint_url, prefix))
+    b = DynamoStore.from_url(_url(endpoint_url, prefix))
+    await a.init()
+    rules = parse_rules(
+        'rules: [{id: m, scope: merchant_id, window: month, currency: CNY, max_amount: "1000.00"}]'
+    )
+    engine_a, engine_b = Engine(Decider(rules), a), Engine(Decider(rules), b)
+
+    def record(**fields: object) -> Record:
+        fields.update(currency="CNY", occurred_at="2026-03-14T09:00:00Z")
+        return Record(json.dumps(fields).encode(), {"line": 0})
+
+    payment = record(event_id="p", account_id="y", merchant_id="m", amount="150.00")
+    # other accounts' payments at one merchant: 198 accounts and a bucket, with y's
+    # account 200 keys, two whole requests apart from the event records'
+    others = [
+        record(event_id=f"o{n}", account_id=f"o{n}", merchant_id="o", amount="1.00")
+        for n in range(198)
+    ]
+    committed = asyncio.Event()
+    batch_get = a._batch_get
+
+    async def answered_in_that_order(client: Any, pks: list[str]) -> list[Any]:
+        if "a#y" in pks and "e#p" not in pks:  # the account's request: answered after
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(committed.wait(), 2)
+        found = await batch_get(client, pks)
+        if "e#p" in pks and not committed.is_set():  # the original's: answered before
+            await engine_b.process([payment])
+            committed.set()
+        return found
+
+    a._batch_get = answered_in_that_order  # type: ignore[method-assign]
+    try:
+        reversal = record(event_id="r", type="reversal", account_id="y", original_event_id="p")
+        results = await engine_a.process([*others, reversal])
+        assert committed.is_set()
+        verdict = json.loads(results[-1].verdict or b"{}")
+        assert (verdict["decision"], verdict["seq"]) == ("accept", 2), verdict
+    finally:
+        await a.close()
+        await b.close()
