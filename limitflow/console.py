@@ -14,6 +14,7 @@ This module imports nothing heavy: ``limitflow.cli`` uses it before the rest loa
 from __future__ import annotations
 
 import os
+import select
 import sys
 
 
@@ -63,14 +64,39 @@ def say(text: str, *, end: str = "\n") -> bool:
 
 def out(line: str) -> None:
     """Print ``line`` on stdout, flushed: ``StdoutFailed`` when it cannot be written,
-    ``BrokenPipeError`` when its reader left."""
+    ``BrokenPipeError`` when its reader left.
+
+    A stdout left non-blocking by whoever started the command (a pipe whose O_NONBLOCK
+    the parent set) is waited on when full, as a blocking one is: Python's ``print``
+    there dropped what did not fit without a word, and `rules check` of a few
+    thousand rules ended with exit 0, its listing cut short."""
     try:
-        print(line, flush=True)
+        fd = _non_blocking(sys.stdout)
+        if fd is None:
+            print(line, flush=True)
+        else:
+            sys.stdout.flush()
+            data = (line + "\n").encode(sys.stdout.encoding, sys.stdout.errors or "strict")
+            while data:
+                try:
+                    data = data[os.write(fd, data) :]
+                except BlockingIOError:
+                    select.select([], [fd], [])
     except BrokenPipeError:
         raise
     except OSError as exc:
         to_devnull(sys.stdout.fileno())
         raise StdoutFailed(exc) from None
+
+
+def _non_blocking(stream: object) -> int | None:
+    """The descriptor of ``stream`` when it is non-blocking; None otherwise, or when it
+    has none (a stream in memory)."""
+    try:
+        fd = stream.fileno()  # type: ignore[attr-defined]
+        return None if os.get_blocking(fd) else int(fd)
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 class _Stderr:

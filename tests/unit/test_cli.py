@@ -515,6 +515,32 @@ def test_a_non_blocking_stdout_is_waited_on_not_written_in_part(tmp_path: Path) 
     assert [v["event_id"] for v in verdicts] == [f"e{n}" for n in range(200)]
 
 
+def test_a_non_blocking_stdout_is_waited_on_by_a_command_s_answer(tmp_path: Path) -> None:
+    # as the replay's verdicts: Python's print dropped what found the pipe full without a
+    # word, and `rules check` of 3,000 rules ended with exit 0, its listing cut short
+    body = "".join(f"  - {{id: rule-{n:05d}, window: day, max_count: 5}}\n" for n in range(3000))
+    (tmp_path / "many.yaml").write_text("rules:\n" + body, encoding="utf-8")
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    with open(write_end, "wb") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "limitflow", "rules", "check", "many.yaml"],
+            cwd=tmp_path,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+        )
+    with open(read_end, "rb") as reader:
+        time.sleep(2)  # the listing has filled the pipe
+        out = reader.read()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    assert lines[0].startswith("many.yaml: 3000 rules, version ")
+    assert [line.split(":")[0].strip() for line in lines[1:3001]] == [
+        f"rule-{n:05d}" for n in range(3000)
+    ]
+
+
 def test_stdin_redirected_from_the_output_file_is_refused(tmp_path: Path, rules: Path) -> None:
     source = write(tmp_path / "in.jsonl", [pay("p1")])
     before = source.read_bytes()
