@@ -360,6 +360,24 @@ def test_replay_decides_as_the_model(tmp_path: Path, seed: int) -> None:
         pytest.fail(report(seed, found, len(generated.lines)), pytrace=False)
 
 
+@pytest.mark.parametrize(
+    "seed",
+    [*FIXED_SEEDS[:4], pytest.param(FRESH_SEED, id="fresh")],  # (the same ids each time)
+)
+def test_rules_by_amount_decide_as_the_model(tmp_path: Path, seed: int) -> None:
+    # "the same amount again": an amount written "100.00", "100.0" or 100.00 is one value
+    # to a rule that scopes or matches by it (each form was its own bucket, and accepted)
+    generated = case(seed, by_amount=True)
+    assert any(
+        "amount" in str(r.get("scope", "")) + str(r.get("match", "")) for r in generated.rules
+    )
+    rules, version = write_rules(tmp_path, generated)
+    verdicts, letters = replay(tmp_path / "run", rules, generated.lines, f"memory://?{RETENTION}")
+    found = differences(seed, generated, verdicts, letters, version)
+    if found:
+        pytest.fail(report(seed, found, len(generated.lines)), pytrace=False)
+
+
 def test_a_replay_split_in_two_on_sqlite_continues_as_one(tmp_path: Path) -> None:
     """The second replay on the same sqlite file finds the first's buckets, resends and
     sequences: together they write what one replay of the whole file writes. A dry run of
