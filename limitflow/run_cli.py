@@ -97,7 +97,7 @@ def _kafka_options(parser: argparse.ArgumentParser) -> None:
     for option, text in (
         ("--ssl-cafile", "CA certificates (PEM) to check the brokers by (the system's)"),
         ("--ssl-certfile", "this client's certificate (PEM), for brokers that ask (mTLS)"),
-        ("--ssl-keyfile", "its private key (PEM), if not in --ssl-certfile"),
+        ("--ssl-keyfile", "its private key (PEM, unencrypted), if not in --ssl-certfile"),
     ):
         name = option.removeprefix("--").replace("-", "_")
         security.add_argument(option, help=_env_help(text, name))
