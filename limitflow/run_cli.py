@@ -185,7 +185,13 @@ def register_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     topics = commands.add_parser("topics", help="manage the Kafka topics limitflow uses")
     topic_commands = topics.add_subparsers(dest="topics_command", required=True)
     create = topic_commands.add_parser(
-        "create", help="create the input, output and dead-letter topics (existing ones are kept)"
+        "create",
+        help="create the input, output and dead-letter topics (existing ones are kept)",
+        description="Create the input, output and dead-letter topics; existing ones are kept"
+        " as they are. With a --max-message-bytes over 1000000, the topics are made with a"
+        " max.message.bytes that takes the records run publishes and decides at that size."
+        " Every option can also be set by the environment variable shown; a flag overrides"
+        " it.",
     )
     _kafka_options(create)
     create.set_defaults(handler=_topics_create)
