@@ -22,7 +22,7 @@ from limitflow.errors import (
     StoreError,
     StoreNotInitialized,
 )
-from limitflow.settings import MAX_MESSAGE_BYTES, store_password
+from limitflow.settings import MAX_MESSAGE_BYTES, store_password, whole_number
 from schemas.rules import RuleChanged, RulesError, RuleSet, counter_meaning, load_rules
 
 if TYPE_CHECKING:
@@ -48,9 +48,10 @@ class CommandFailed(Exception):
 
 
 def _positive(text: str) -> int:
-    """A whole number above 0, for argparse."""
+    """A whole number above 0, for argparse, read as run's number flags are (``int`` took
+    ``1_000``, ``+5`` and other scripts' digits)."""
     try:
-        value = int(text)
+        value = whole_number(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -183,3 +184,22 @@ def test_a_long_run_of_carriage_returns_in_a_line_is_read_past_not_held() -> Non
         else:
             assert isinstance(record, LongLine)
             assert (record.size, record.sha256) == expected
+
+
+@pytest.mark.parametrize("value", ["1_000", "+5", "\u0665", "0", "-3", "2k"])
+def test_max_line_bytes_takes_a_whole_number_as_run_s_flags_do(tmp_path: Path, value: str) -> None:
+    # int() took 1_000, +5 and other scripts' digits, which run's number flags refuse
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "limitflow", "replay"),
+            *("--rules", str(ROOT / "examples" / "rules.yaml"), "--input", "-"),
+            *("--output", "-", "--dead-letter", "-", "--store", "memory://"),
+            *("--max-line-bytes", value),
+        ],
+        cwd=tmp_path,
+        input=b"",
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr.decode()
+    assert "--max-line-bytes" in done.stderr.decode()
