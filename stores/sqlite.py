@@ -17,7 +17,10 @@ Expired rows are deleted as the store goes, so that a long-running consumer's fi
 stops growing once its oldest records expire. Each commit, after its own writes and in
 the same transaction, sweeps the next stretch of each table (twice as many rows as it
 added to that table, plus 100, in key order, wrapping around at the end) and deletes
-what has expired there; files made before the sweep existed are swept alike. A sweep
+what has expired there; files made before the sweep existed are swept alike. Where a
+table's sweep stopped is kept in ``meta``, so the next commit goes on from there, also
+in another process (a replay a day that began at the table's start each time swept
+its first stretch alone, and the file grew without end). A sweep
 needs no index on ``expires_at``, which every bucket update would rewrite (that cost a
 replay ~20%; the sweep ~1%). An expired row waits at most one round of the sweep, about
 half the retention at a steady rate, so a file holds up to ~1.5 retentions of records.
@@ -722,7 +725,21 @@ class SqliteStore(Store):
         ``table``, the key the next sweep starts after, and the rows deleted, to keep once
         the transaction commits (a commit that failed on a full disk counted its sweep's
         deletions, rolled back, in ``limitflow_store_expired_deleted``, and moved on)."""
-        start = self._swept[table]
+        # where the last commit's sweep of the table stopped, whichever process made it:
+        # a process that began again at the table's start each time (a replay a day of
+        # fewer events than the table holds) swept its first stretch over and over, and
+        # the file grew for ever with the expired rows past it
+        name = f"sweep:{table}"
+        kept = db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        start = kept[0] if kept is not None and type(kept[0]) is str else self._swept[table]
+        table, reached, deleted = self._sweep_from(db, table, key, start, rows, now)
+        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, reached))
+        return table, reached, deleted
+
+    @staticmethod
+    def _sweep_from(
+        db: sqlite3.Connection, table: str, key: str, start: str, rows: int, now: int
+    ) -> tuple[str, str, int]:
         found = db.execute(
             f"SELECT {key} FROM {table} WHERE {key} > ?"  # noqa: S608 - fixed names
             " ORDER BY 1 LIMIT 1 OFFSET ?",

@@ -607,6 +607,38 @@ async def test_no_sweep_runs_while_nothing_can_have_expired(tmp_path: Path) -> N
         await store.close()
 
 
+async def test_each_process_sweeps_on_from_where_the_last_one_stopped(tmp_path: Path) -> None:
+    # a replay a day, each of fewer events than the file holds: every run's sweep began at
+    # the table's start, among the live rows there, and never reached the expired ones
+    # past them (a file of 3,000 events a day with 4 days' retention held 57,000 records
+    # after 30 days, 45,000 of them expired, and grew by 1,750 a day)
+    now = [1_900_000_000.0]  # 2030-03-17
+    path = str(tmp_path / "daily.db")
+    url = f"sqlite:///{path}?bucket_retention_days=1&event_retention_days=2"
+    rules = parse_rules("rules: [{id: r, scope: account_id, window: day, max_count: 1000000}]")
+
+    async def run(events: list[Record]) -> None:  # one process: a store of its own
+        store = open_store(url, clock=lambda: now[0])
+        await store.init()
+        try:
+            await Engine(Decider(rules), store).process(events)
+        finally:
+            await store.close()
+
+    def left(prefix: str) -> int:
+        with closing(sqlite3.connect(path)) as db:
+            found = db.execute("SELECT count(*) FROM events WHERE id LIKE ?", (prefix + "%",))
+            return int(found.fetchone()[0])
+
+    await run([_payment(f"m-{n:03}", "2030-03-17", n % 60) for n in range(300)])
+    # still live when the m- records have expired; first in key order
+    await run([_payment(f"a-{n:03}", "2030-05-20", n % 60) for n in range(300)])
+    now[0] += 40 * 86_400  # 2030-04-26: the m- records have expired, the a- ones not
+    for day in range(8):
+        await run([_payment(f"b-{day}", "2030-04-26", day)])
+    assert (left("a-"), left("m-")) == (300, 0)
+
+
 async def test_a_file_without_floors_gets_them_from_its_rows(tmp_path: Path) -> None:
     now = [1_900_000_000.0]
     path = str(tmp_path / "no-floors.db")
