@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # type: ignore[import-untyped]
@@ -540,5 +540,37 @@ def _replaceable(exc: BaseException) -> BaseException | None:
 async def _stop_quietly(producer: AIOKafkaProducer, within: float | None = None) -> None:
     """Stop ``producer`` in ``_STOP_TIMEOUT`` s at most (``within``: at most that)."""
     bound = _STOP_TIMEOUT if within is None else min(_STOP_TIMEOUT, within)
-    with contextlib.suppress(kafka_errors.KafkaError, TimeoutError):
-        await asyncio.wait_for(producer.stop(), bound)
+    try:
+        with contextlib.suppress(kafka_errors.KafkaError):
+            await asyncio.wait_for(producer.stop(), bound)
+        return
+    except TimeoutError:
+        pass
+    # stop() waits for the batches in hand to be sent, and gave up on brokers that do not
+    # answer (an outage in the middle of a transaction) after marking the producer closed:
+    # its sender, its client's connections and metadata task lived on for good, a stop()
+    # again doing nothing, two sockets and four tasks more after every such outage. Fail
+    # those batches (no one waits for them: the transaction is abandoned), then end the
+    # sender and the client.
+    with contextlib.suppress(Exception):
+        _fail_batches(producer._message_accumulator)
+    sender = producer._sender
+    with contextlib.suppress(Exception):
+        if sender is not None:
+            await asyncio.wait_for(sender.close(), 1.0)
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(producer.client.close(), 1.0)
+
+
+def _fail_batches(accumulator: Any) -> None:
+    """Fail the batches an aiokafka producer's ``accumulator`` holds, which ends the wait of
+    its ``stop`` for them, and retrieve their failures: no one awaits them any more, and
+    asyncio would log each at ERROR when it is collected."""
+    batches = [b for held in accumulator._batches.values() for b in held]
+    batches += list(accumulator._pending_batches)
+    accumulator.fail_all(kafka_errors.KafkaConnectionError("producer stopped in an outage"))
+    for batch in batches:
+        futures = [batch.future, batch._drain_waiter, *(f for f, _ in batch._msg_futures)]
+        for future in futures:
+            if future.done() and not future.cancelled():
+                future.exception()

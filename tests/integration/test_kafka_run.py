@@ -40,6 +40,7 @@ from aiokafka.protocol.group import LeaveGroupRequest  # type: ignore[import-unt
 from handlers.state import Keys
 from stores import open_store
 from stores.verdict_codec import VerdictCodec, unpack_verdict
+from streams.output import _stop_quietly
 from tests.oracle.generate import case as oracle_case
 from tests.servers import kafka_broker
 from tests.unit.test_oracle import RETENTION as ORACLE_RETENTION
@@ -941,6 +942,34 @@ def on_noida(noida: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
     made = Setup(noida.bootstrap_servers, tmp_path, f"{name}-{random.randrange(10**6)}")
     yield made
     made.kill_all()
+
+
+async def test_a_producer_stopped_on_a_hung_broker_leaves_no_socket_or_task(
+    noida: Any, tmp_path: Path
+) -> None:
+    # under exactly-once, a transaction cut short by an outage discards its producer;
+    # stop() waited for the batches in hand, gave up after its bound, and left the
+    # sender, the client's connections and its metadata task running for good: two
+    # sockets and four tasks more after every such outage of a long run
+    s = Setup(noida.bootstrap_servers, tmp_path, f"hung-{random.randrange(10**6)}")
+    s.create_topics()
+    before = asyncio.all_tasks()
+    producer = AIOKafkaProducer(
+        bootstrap_servers=s.bootstrap, transactional_id=s.name, request_timeout_ms=3000
+    )
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        for _ in range(5):
+            await producer.send(s.topics[1], b"verdict")
+        os.kill(_pid(noida), signal.SIGSTOP)  # a hung broker: nothing answers
+        await asyncio.sleep(0.5)
+        await _stop_quietly(producer, 2.0)
+    finally:
+        os.kill(_pid(noida), signal.SIGCONT)
+    await asyncio.sleep(0.1)
+    assert [t for t in asyncio.all_tasks() - before if not t.done()] == []
+    assert [c for c in producer.client._conns.values() if c.connected()] == []
 
 
 def _pid(handle: Any) -> int:
