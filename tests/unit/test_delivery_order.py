@@ -9,6 +9,7 @@ land between two awaits).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -206,13 +207,40 @@ async def test_exactly_once_offsets_go_inside_the_transaction(
     assert done == {TP0}
 
 
-async def test_exactly_once_a_producer_whose_sequence_the_brokers_lost_is_replaced(
-    monkeypatch: pytest.MonkeyPatch,
+def _sequence_lost() -> BaseException:
+    lost: BaseException = kafka_errors.OutOfOrderSequenceNumber()
+    return lost
+
+
+def _transactional_id_expired() -> BaseException:
+    try:
+        raise kafka_errors.InvalidProducerIdMapping()
+    except kafka_errors.KafkaError as exc:  # as aiokafka's sender raises it
+        try:
+            raise kafka_errors.KafkaError("Unexpected error during batch delivery") from exc
+        except kafka_errors.KafkaError as bare:
+            found: BaseException = bare
+            return found
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # An output topic deleted and made again mid-run: the new partition does not know
+        # the producer's sequence numbers, and the broker answers OutOfOrderSequenceNumber,
+        # fatal to that producer (aiokafka's sender stops) but not to a new one.
+        _sequence_lost,
+        # A partition quiet for longer than transactional.id.expiration.ms: the coordinator
+        # answers the producer's next AddPartitionsToTxn with InvalidProducerIdMapping,
+        # which stops aiokafka's sender (a bare KafkaError from it). A new producer maps
+        # the id again.
+        _transactional_id_expired,
+    ],
+)
+async def test_exactly_once_a_producer_the_brokers_no_longer_know_is_replaced(
+    monkeypatch: pytest.MonkeyPatch, error: Callable[[], BaseException]
 ) -> None:
-    # An output topic deleted and made again mid-run: the new partition does not know the
-    # producer's sequence numbers, and the broker answers OutOfOrderSequenceNumber, fatal
-    # to that producer (aiokafka's sender stops) but not to a new one. It was taken for a
-    # refusal for good: `run` exited 4 where at-least-once waited for the topic.
+    # each was taken for a refusal for good: `run` exited 4 where a new producer goes on
     made: list[Any] = []
 
     class Producer(_TxnProducer):
@@ -231,48 +259,7 @@ async def test_exactly_once_a_producer_whose_sequence_the_brokers_lost_is_replac
 
     async def sent(producer: Any, batch: Any) -> None:
         if producer is made[0]:
-            raise kafka_errors.OutOfOrderSequenceNumber()
-
-    monkeypatch.setattr(output_module, "send_all", sent)
-    out = TransactionalOutput(make, _Committed({TP0: 4}), "g", timeout=5)
-    done: set[TopicPartition] = set()
-    batch = {TP0: [Message("v", b"a", b"x", [], 4)]}
-    with pytest.raises(BrokerUnavailable) as failed:
-        await out.deliver(batch, {TP0: 5}, done)
-    assert failed.value.retriable and done == set()
-    await out.deliver(batch, {TP0: 5}, done)  # the consumer's retry: a new producer
-    assert done == {TP0} and len(made) == 2
-
-
-async def test_exactly_once_a_producer_whose_transactional_id_expired_is_replaced(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # A partition quiet for longer than transactional.id.expiration.ms: the coordinator
-    # answers the producer's next AddPartitionsToTxn with InvalidProducerIdMapping, which
-    # stops aiokafka's sender (a bare KafkaError from it). A new producer maps the id
-    # again; it was taken for a refusal for good and `run` exited 4.
-    made: list[Any] = []
-
-    class Producer(_TxnProducer):
-        async def begin_transaction(self) -> None:
-            return None
-
-        async def send_offsets_to_transaction(self, offsets: Any, group_id: str) -> None:
-            return None
-
-        async def commit_transaction(self) -> None:
-            return None
-
-    def make(transactional_id: str) -> Any:
-        made.append(Producer())
-        return made[-1]
-
-    async def sent(producer: Any, batch: Any) -> None:
-        if producer is made[0]:
-            try:
-                raise kafka_errors.InvalidProducerIdMapping()
-            except kafka_errors.KafkaError as exc:  # as aiokafka's sender raises it
-                raise kafka_errors.KafkaError("Unexpected error during batch delivery") from exc
+            raise error()
 
     monkeypatch.setattr(output_module, "send_all", sent)
     out = TransactionalOutput(make, _Committed({TP0: 4}), "g", timeout=5)
