@@ -316,8 +316,6 @@ class SqliteStore(Store):
         # keeps this short and retries with its own backoff, which lets the loop go on
         self.lock_wait = lock_wait
         self._db.execute(f"PRAGMA busy_timeout={int(min(lock_wait, _LOCK_TRY) * 1000)}")
-        self._swept = {"buckets": "", "events": ""}
-        """Where each table's sweep is: the last key it looked at."""
         self._has_meta = False
         """Whether this store has seen the ``meta`` table in its file (it never goes)."""
         self._codec: VerdictCodec | None = None
@@ -676,16 +674,14 @@ class SqliteStore(Store):
                 db, "events", _earliest(at, retention.event_seconds) if writes.events else None
             )
             # twice the rows added: a round of the sweep outpaces a table's growth
-            swept = []
+            swept = 0  # rows deleted
             if now >= buckets_floor:
-                swept.append(self._sweep(db, "buckets", "key", 2 * len(fresh_b) + 100, now))
+                swept += self._sweep(db, "buckets", "key", 2 * len(fresh_b) + 100, now)
             if now >= events_floor:
-                swept.append(self._sweep(db, "events", "id", 2 * len(fresh_e) + 100, now))
+                swept += self._sweep(db, "events", "id", 2 * len(fresh_e) + 100, now)
             db.execute("COMMIT")
             self._has_meta = True
-            for table, reached, deleted in swept:  # once committed: a rollback deletes none
-                self._swept[table] = reached
-                self.expired_deleted += deleted
+            self.expired_deleted += swept  # once committed: a rollback deletes none
         except sqlite3.IntegrityError as exc:
             db.execute("ROLLBACK")
             raise ConflictError("a record was created since it was read") from exc
@@ -718,28 +714,27 @@ class SqliteStore(Store):
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, floor))
         return floor
 
-    def _sweep(
-        self, db: sqlite3.Connection, table: str, key: str, rows: int, now: int
-    ) -> tuple[str, str, int]:
-        """Delete the expired rows among the next ``rows`` of ``table`` (by ``key``):
-        ``table``, the key the next sweep starts after, and the rows deleted, to keep once
-        the transaction commits (a commit that failed on a full disk counted its sweep's
-        deletions, rolled back, in ``limitflow_store_expired_deleted``, and moved on)."""
+    def _sweep(self, db: sqlite3.Connection, table: str, key: str, rows: int, now: int) -> int:
+        """Delete the expired rows among the next ``rows`` of ``table`` (by ``key``), and
+        keep in ``meta`` the key the next sweep starts after: the rows deleted, to count
+        once the transaction commits (a commit that failed on a full disk counted its
+        sweep's deletions, rolled back, in ``limitflow_store_expired_deleted``, and moved
+        on; its place, kept in the same transaction, rolls back with them)."""
         # where the last commit's sweep of the table stopped, whichever process made it:
         # a process that began again at the table's start each time (a replay a day of
         # fewer events than the table holds) swept its first stretch over and over, and
         # the file grew for ever with the expired rows past it
         name = f"sweep:{table}"
         kept = db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
-        start = kept[0] if kept is not None and type(kept[0]) is str else self._swept[table]
-        table, reached, deleted = self._sweep_from(db, table, key, start, rows, now)
+        start = kept[0] if kept is not None and type(kept[0]) is str else ""
+        reached, deleted = self._sweep_from(db, table, key, start, rows, now)
         db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, reached))
-        return table, reached, deleted
+        return deleted
 
     @staticmethod
     def _sweep_from(
         db: sqlite3.Connection, table: str, key: str, start: str, rows: int, now: int
-    ) -> tuple[str, str, int]:
+    ) -> tuple[str, int]:
         found = db.execute(
             f"SELECT {key} FROM {table} WHERE {key} > ?"  # noqa: S608 - fixed names
             " ORDER BY 1 LIMIT 1 OFFSET ?",
@@ -750,13 +745,13 @@ class SqliteStore(Store):
                 f"DELETE FROM {table} WHERE {key} > ? AND expires_at < ?",  # noqa: S608
                 (start, now),
             )
-            return table, "", deleted.rowcount
+            return "", deleted.rowcount
         deleted = db.execute(
             f"DELETE FROM {table} WHERE {key} > ? AND {key} <= ?"  # noqa: S608
             " AND expires_at < ?",
             (start, found[0], now),
         )
-        return table, found[0], deleted.rowcount
+        return found[0], deleted.rowcount
 
     async def close(self) -> None:
         self._db.close()

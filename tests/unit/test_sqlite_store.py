@@ -368,12 +368,14 @@ async def test_a_sweep_whose_commit_failed_deleted_nothing_and_counts_nothing(
         old = [_payment(f"old-{n}", "2030-03-17", n) for n in range(5)]
         assert [r.decision for r in await engine.process(old)] == ["accept"] * 5
         now[0] += 40 * 86_400  # past every expiry
-        real, swept = store._db, dict(store._swept)
+        real = store._db
+        places = "SELECT name, value FROM meta WHERE name LIKE 'sweep:%' ORDER BY 1"
+        swept = real.execute(places).fetchall()
         store._db = _CommitFails(real)  # type: ignore[assignment]
         with pytest.raises(StoreUnavailable, match="database or disk is full"):
             await engine.process([_payment("new-1", "2030-04-26")])
         store._db = real
-        assert (store.expired_deleted, store._swept) == (0, swept)
+        assert (store.expired_deleted, real.execute(places).fetchall()) == (0, swept)
         (fresh,) = await engine.process([_payment("new-1", "2030-04-26")])
         assert fresh.decision == "accept"
         assert store.expired_deleted == 5 + 8
