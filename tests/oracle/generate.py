@@ -195,6 +195,11 @@ def case(seed: int, events: int | None = None, *, by_amount: bool = False) -> Ca
     return _Generator(random.Random(seed), by_amount).case(events)
 
 
+def _by_amount(rule: dict[str, Any]) -> bool:
+    """Whether ``rule`` scopes or matches by the amount."""
+    return "amount" in rule.get("scope", ()) or "amount" in (rule.get("match") or {})
+
+
 class _Generator:
     def __init__(self, rnd: random.Random, by_amount: bool = False) -> None:
         self.rnd = rnd
@@ -203,6 +208,8 @@ class _Generator:
         self.zones = rnd.sample(ZONES, rnd.randint(2, 5))
         self.currencies = rnd.sample(CURRENCIES, rnd.randint(1, 3))
         self.rule_docs = self.rules()
+        if by_amount and not any(_by_amount(rule) for rule in self.rule_docs):
+            self.rule_docs[0]["scope"] = BY_AMOUNT[0][0]  # one at least (no draw: the same case)
         self.anchors = rnd.sample(self.all_anchors(), 6)
         self.accounts = [f"acct-{i}" for i in range(rnd.randint(2, 4))]
         self.anchor = rnd.choice(self.anchors)
