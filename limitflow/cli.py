@@ -7,14 +7,13 @@ import asyncio
 import contextlib
 import io
 import os
-import select
 import signal
 import stat
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any, BinaryIO, ClassVar, Final, cast
 
-from limitflow.console import StdoutFailed, out, say, to_devnull
+from limitflow.console import StdoutFailed, Waiting, non_blocking_fd, out, say, to_devnull
 from limitflow.errors import (
     ConfigError,
     LimitflowError,
@@ -170,8 +169,9 @@ def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
         if stream is None:
             which = "standard input" if mode == "rb" else "standard output"
             raise CommandFailed(f"cannot use -: {which} is closed", code)
-        if not _blocking(stream.fileno()):
-            waiting = _Waiting(stream.fileno())
+        fd = non_blocking_fd(stream)
+        if fd is not None:
+            waiting = Waiting(fd)
             if mode == "rb":
                 yield io.BufferedReader(waiting)
                 return
@@ -187,51 +187,6 @@ def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
         raise CommandFailed(f"cannot open {path}: {exc.strerror}", code) from None
     with _closing(handle):
         yield handle  # type: ignore[misc]
-
-
-def _blocking(fd: int) -> bool:
-    """Whether reading ``fd`` waits for data (true too of a descriptor that is no file)."""
-    try:
-        return os.get_blocking(fd)
-    except OSError:
-        return True
-
-
-class _Waiting(io.RawIOBase):
-    """Standard input or output left non-blocking by whoever started the replay (a pipe
-    whose O_NONBLOCK the parent set): a read finding nothing there yet waits for it, a
-    write finding the pipe full waits for room, as on a blocking one. A read of it
-    returned nothing, taken for the end of the input: the replay decided the lines there
-    were so far, the last one cut short as a dead letter, and ended with exit 0, the rest
-    unread; a write wrote part of the verdicts, dropped the rest without a word, and the
-    replay ended with exit 0. Its flags are left as they are: the open file is the
-    starter's too."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def readable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def readinto(self, buffer: Any) -> int:
-        while True:
-            try:
-                return os.readv(self._fd, [buffer])
-            except BlockingIOError:
-                select.select([self._fd], [], [])  # a signal's handler may end the wait
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        while True:
-            try:
-                return os.write(self._fd, data)
-            except BlockingIOError:
-                select.select([], [self._fd], [])
 
 
 @contextlib.contextmanager

@@ -13,9 +13,11 @@ This module imports nothing heavy: ``limitflow.cli`` uses it before the rest loa
 
 from __future__ import annotations
 
+import io
 import os
 import select
 import sys
+from typing import Any
 
 
 class StdoutFailed(Exception):
@@ -71,17 +73,15 @@ def out(line: str) -> None:
     there dropped what did not fit without a word, and `rules check` of a few
     thousand rules ended with exit 0, its listing cut short."""
     try:
-        fd = _non_blocking(sys.stdout)
+        fd = non_blocking_fd(sys.stdout)
         if fd is None:
             print(line, flush=True)
         else:
             sys.stdout.flush()
             data = (line + "\n").encode(sys.stdout.encoding, sys.stdout.errors or "strict")
+            waiting = Waiting(fd)
             while data:
-                try:
-                    data = data[os.write(fd, data) :]
-                except BlockingIOError:
-                    select.select([], [fd], [])
+                data = data[waiting.write(data) :]
     except BrokenPipeError:
         raise
     except OSError as exc:
@@ -89,7 +89,7 @@ def out(line: str) -> None:
         raise StdoutFailed(exc) from None
 
 
-def _non_blocking(stream: object) -> int | None:
+def non_blocking_fd(stream: object) -> int | None:
     """The descriptor of ``stream`` when it is non-blocking; None otherwise, or when it
     has none (a stream in memory)."""
     try:
@@ -97,6 +97,44 @@ def _non_blocking(stream: object) -> int | None:
         return None if os.get_blocking(fd) else int(fd)
     except (AttributeError, OSError, ValueError):
         return None
+
+
+class Waiting(io.RawIOBase):
+    """Standard input or output left non-blocking by whoever started the command (a pipe
+    whose O_NONBLOCK the parent set): a read finding nothing there yet waits for it, a
+    write finding the pipe full waits for room, as on a blocking one (replay's input and
+    outputs, and every command's answer through ``out``). A read of it
+    returned nothing, taken for the end of the input: the replay decided the lines there
+    were so far, the last one cut short as a dead letter, and ended with exit 0, the rest
+    unread; a write wrote part of the verdicts, dropped the rest without a word, and the
+    replay ended with exit 0. Its flags are left as they are: the open file is the
+    starter's too."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def readable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def readinto(self, buffer: Any) -> int:
+        while True:
+            try:
+                return os.readv(self._fd, [buffer])
+            except BlockingIOError:
+                select.select([self._fd], [], [])  # a signal's handler may end the wait
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        while True:
+            try:
+                return os.write(self._fd, data)
+            except BlockingIOError:
+                select.select([], [self._fd], [])
 
 
 class _Stderr:
