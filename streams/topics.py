@@ -6,6 +6,10 @@ import logging
 from typing import Final
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+from aiokafka.admin.config_resource import (  # type: ignore[import-untyped]
+    ConfigResource,
+    ConfigResourceType,
+)
 from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
 from limitflow.errors import ConfigError, LimitflowError
@@ -25,6 +29,12 @@ KAFKA_MESSAGE_MAX_BYTES: Final = 1_048_588
 unless its ``max.message.bytes`` says otherwise."""
 
 
+def needed_message_bytes(max_message_bytes: int) -> int:
+    """The ``max.message.bytes`` a topic needs to take what ``run`` publishes with
+    ``--max-message-bytes``: Kafka's default at limitflow's, the same headroom above."""
+    return max_message_bytes + KAFKA_MESSAGE_MAX_BYTES - MAX_MESSAGE_BYTES
+
+
 def topic_configs(max_message_bytes: int) -> dict[str, str]:
     """The configs of the topics created for records of up to ``max_message_bytes``: a
     ``max.message.bytes`` with the headroom Kafka's default has over limitflow's when
@@ -33,8 +43,7 @@ def topic_configs(max_message_bytes: int) -> dict[str, str]:
     every retry, and took no input record as large as ``run`` decides."""
     if max_message_bytes <= MAX_MESSAGE_BYTES:
         return {}
-    headroom = KAFKA_MESSAGE_MAX_BYTES - MAX_MESSAGE_BYTES
-    return {"max.message.bytes": str(max_message_bytes + headroom)}
+    return {"max.message.bytes": str(needed_message_bytes(max_message_bytes))}
 
 
 async def create_topics(admin: AIOKafkaAdminClient, settings: TopicSettings) -> dict[str, str]:
@@ -42,7 +51,10 @@ async def create_topics(admin: AIOKafkaAdminClient, settings: TopicSettings) -> 
 
     Existing topics are left as they are (their partition count is not changed); one
     with another partition count than asked is said so, and logged: an input topic with
-    fewer partitions than planned caps how many members share the work, silently.
+    fewer partitions than planned caps how many members share the work, silently. So
+    is an output or dead-letter topic whose ``max.message.bytes`` is below what
+    ``--max-message-bytes`` needs: the first record ``run`` publishes over it is refused
+    on every retry, and ``run`` stops (exit 4).
     """
     kafka = settings.kafka
     names = [kafka.input_topic, kafka.output_topic, kafka.dead_letter_topic]
@@ -81,7 +93,43 @@ async def create_topics(admin: AIOKafkaAdminClient, settings: TopicSettings) -> 
             failures.append(f"{name}: error {code} {message or ''}".strip())
     if failures:
         raise TopicError("cannot create topics: " + "; ".join(failures))
+    published = [kafka.output_topic, kafka.dead_letter_topic]
+    kept = [name for name in published if outcome.get(name, "").startswith("exists")]
+    needed = needed_message_bytes(kafka.max_message_bytes)
+    for name, has in (await message_bytes(admin, kept)).items():
+        if has < needed:
+            outcome[name] += f", max.message.bytes {has} (run publishes up to {needed})"
+            log.warning(
+                "topic %s exists with max.message.bytes %d: run, with --max-message-bytes"
+                " %d, publishes records of up to %d, and stops at the first it refuses",
+                name,
+                has,
+                kafka.max_message_bytes,
+                needed,
+                extra={"topic": name, "max_message_bytes": has, "needed": needed},
+            )
     return outcome
+
+
+async def message_bytes(admin: AIOKafkaAdminClient, topics: list[str]) -> dict[str, int]:
+    """The ``max.message.bytes`` each of ``topics`` is set to, where the brokers say it
+    (tansu gives none it was not created with: the brokers' own then, unknown here)."""
+    if not topics:
+        return {}
+    try:
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name) for name in topics]
+        )
+    except KafkaError as exc:  # only a warning is at stake: the topics exist
+        log.warning("cannot read the topics' configs: %s", exc)
+        return {}
+    found: dict[str, int] = {}
+    for response in responses:
+        for error, _message, _kind, name, entries in response.resources:
+            for entry in entries if error == 0 else ():
+                if entry[0] == "max.message.bytes" and str(entry[1]).isdigit():
+                    found[name] = int(entry[1])
+    return found
 
 
 async def partition_count(admin: AIOKafkaAdminClient, topic: str) -> int:

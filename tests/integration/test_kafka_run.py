@@ -1322,6 +1322,38 @@ async def test_topics_made_for_a_larger_max_message_bytes_take_what_run_publishe
     assert s.stop(proc) == 0
 
 
+def test_topics_create_says_when_a_topic_is_too_small_for_max_message_bytes(
+    on_noida: Setup,
+) -> None:
+    # topics made with the brokers' ~1 MB were only said to exist when asked for again
+    # with --max-message-bytes 3000000: run, with the same flag, stopped (exit 4) at the
+    # first verdict or dead letter over 1 MB, with nothing said before
+    s = on_noida
+    s.create_topics()
+
+    def create(*extra: str) -> tuple[list[str], str]:
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "limitflow", "topics", "create", *s.topic_args()),
+                *("--partitions", str(s.partitions), *extra),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        return done.stdout.decode().splitlines(), done.stderr.decode()
+
+    events, verdicts, dead = s.topics
+    assert create()[0] == [f"{name}: exists" for name in s.topics]  # 1048588: enough
+    said, logged = create("--max-message-bytes", "3000000")
+    small = "exists, max.message.bytes 1048588 (run publishes up to 3048588)"
+    # the input topic takes what its producers send: run publishes nothing to it
+    assert said == [f"{events}: exists", f"{verdicts}: {small}", f"{dead}: {small}"]
+    for name in (verdicts, dead):
+        assert f"topic {name} exists with max.message.bytes 1048588" in logged
+
+
 async def test_exactly_once_an_output_topic_made_again_mid_run_is_waited_for(
     on_noida: Setup,
 ) -> None:
