@@ -300,8 +300,8 @@ class VelocityConsumer:
                     self._rejoin({tp for tp in ahead if tp not in done})
         for tp in done:  # every one of them, when ``deliver`` returned
             self._positions[tp] = max(self._positions.get(tp, 0), ahead[tp])
+        self._count_commits(done)
         if done:
-            self.metrics.commits.inc()
             log.debug(
                 "offsets moved past transaction markers",
                 extra={"offsets": _offsets({tp: ahead[tp] for tp in done})},
@@ -470,14 +470,14 @@ class VelocityConsumer:
             # verdicts a second time to read_committed readers. Only the rest go back.
             for tp in done:
                 self._positions[tp] = offsets[tp]
+            self._count_commits(done)
             if done:  # published and committed: counted, as they are never read again
-                self.metrics.commits.inc()
                 self._count_results([r for tp in order if tp in done for r in decided_of[tp]])
             self._rewind({tp: recs for tp, recs in batch.items() if tp not in done}, exc)
             if isinstance(exc, PartitionLost):
                 self._rejoin({tp for tp in batch if tp not in done})
             return
-        self.metrics.commits.inc()
+        self._count_commits(done)
         self._count_results(results)
         for tp in order:
             self._positions[tp] = offsets[tp]
@@ -660,6 +660,12 @@ class VelocityConsumer:
                     str(reason) if reason else "none",
                     "true" if kind is OutcomeKind.DUPLICATE else "false",
                 ).inc(count)
+
+    def _count_commits(self, done: set[TopicPartition]) -> None:
+        """The offset commits that made ``done`` committed: one, or one transaction a
+        partition under exactly-once (counted once a batch, whatever its partitions)."""
+        if done:
+            self.metrics.commits.inc(len(done) if self.output.commits_each_partition else 1)
 
     def _count_store_work(self) -> None:
         store, conflicts = self.engine.store, self.engine.stats.conflicts

@@ -303,7 +303,8 @@ class Metrics:
         )
         self.commits = Counter(
             "limitflow_offset_commits",
-            "Offset commits (or transactions) that succeeded",
+            "Offset commits that succeeded (under exactly-once: transactions, one for each"
+            " input partition of a batch)",
             registry=r,
         )
         self.state = Gauge(

@@ -271,6 +271,10 @@ async def _send_in_order(
 class Output(abc.ABC):
     """Delivers one decided batch and commits its offsets, all or (per partition) nothing."""
 
+    commits_each_partition: bool = False
+    """Whether ``deliver`` commits each partition's offset on its own (a transaction
+    each), not all of them in one commit: ``limitflow_offset_commits_total`` counts each."""
+
     async def on_assigned(self, partitions: frozenset[TopicPartition]) -> None:  # noqa: B027
         """Called when partitions are assigned, before their records are fetched."""
 
@@ -338,6 +342,8 @@ class TransactionalOutput(Output):
     takes a partition over fences the previous owner's producer and aborts its open
     transaction (``InitProducerId``) before reading from the committed offset.
     """
+
+    commits_each_partition = True
 
     def __init__(
         self,

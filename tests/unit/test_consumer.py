@@ -23,7 +23,7 @@ from stores.memory import MemoryStore
 from streams.consumer import BatchAbandoned, VelocityConsumer
 from streams.engine import Engine, Record
 from streams.ops import ConsumerState, Health, Metrics
-from streams.output import Output, messages
+from streams.output import Output, TransactionalOutput, messages
 
 RULES = str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml")
 
@@ -355,6 +355,29 @@ async def test_a_member_whose_partition_was_taken_over_pauses_it_and_rejoins_at_
     assert consumer._coordinator.rejoins == 1  # type: ignore[attr-defined]
     await runner.partitions_assigned(frozenset({kept, lost}))  # the rejoin's assignment
     assert consumer.held == set()
+
+
+class _Transacting(TransactionalOutput):
+    """Exactly-once's output whose transactions all commit, with no broker behind it."""
+
+    def __init__(self, consumer: Any) -> None:
+        super().__init__(lambda tid: None, consumer, "g")
+
+    async def _transact(self, tp: TopicPartition, batch: Any, offset: int) -> None:
+        return None
+
+
+async def test_under_exactly_once_each_partitions_transaction_counts_as_a_commit() -> None:
+    # a batch of two partitions commits in two transactions, one each; the metric said
+    # "offset commits (or transactions) that succeeded", and counted one a batch (7 for
+    # the 10 transactions of 600 events on 4 partitions, in batches of 100, on noida)
+    consumer = _Seeking()
+    tps = TopicPartition("in", 0), TopicPartition("in", 1)
+    consumer.assigned = set(tps)
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.output = _Transacting(consumer)
+    await runner._handle({tp: [_Record(tp, n) for n in range(100, 103)] for tp in tps})
+    assert runner.metrics.registry.get_sample_value("limitflow_offset_commits_total") == 2
 
 
 class _Rebalancing(_Consumer):
