@@ -559,8 +559,11 @@ class VelocityConsumer:
                             # them after the retry had them read and decided again
                             paused = self.consumer.assignment() - self.consumer.paused()
                             self.consumer.pause(*paused)
-                        if not self.stopping:
-                            self.health.set(ConsumerState.WAITING, waiting_on=stage)
+                    if not self.stopping:
+                        # after each failure, not the first alone: the watch of a slow
+                        # attempt sets RUNNING again as it ends, and /readyz said ready
+                        # through the backoff and the next attempt's first 5 s
+                        self.health.set(ConsumerState.WAITING, waiting_on=stage)
                     log.warning(
                         "%s failed, retrying in %.1fs: %s",
                         stage,

@@ -16,7 +16,7 @@ import pytest
 from aiokafka import TopicPartition  # type: ignore[import-untyped]
 
 from handlers.decide import Decider, OutcomeKind
-from limitflow.errors import BrokerRejected, ConflictError, PartitionLost
+from limitflow.errors import BrokerRejected, BrokerUnavailable, ConflictError, PartitionLost
 from limitflow.settings import load_run_settings
 from schemas.rules import load_rules
 from stores.memory import MemoryStore
@@ -543,6 +543,35 @@ async def test_a_slow_stage_that_then_fails_for_good_leaves_readiness_running(
 
     with pytest.raises(PartitionLost):
         await runner._retrying("publish", publish)
+    assert runner.health.state is ConsumerState.RUNNING
+
+
+async def test_readiness_stays_waiting_between_slow_attempts_that_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # brokers frozen under a batch: each publish is slow (shown as waiting) and then
+    # fails; from the second failure on, the attempt's end set "running" and nothing set
+    # "waiting" again: /readyz said 200 for ~7 s of every retry, the brokers still down
+    monkeypatch.setattr("streams.consumer._SLOW_AFTER", 0.1)
+    monkeypatch.setattr("streams.consumer._WATCH_EVERY", 0.02)
+    runner = _runner(
+        _Consumer(),
+        Engine(Decider(load_rules(RULES)), MemoryStore()),
+        retry_initial_ms=10,
+        retry_max_ms=20,
+    )
+    runner.health.set(ConsumerState.RUNNING)
+    ready_at_start: list[bool] = []
+
+    async def publish() -> str:
+        ready_at_start.append(runner.health.ready)
+        await asyncio.sleep(0.2)  # slow: past _SLOW_AFTER
+        if len(ready_at_start) < 4:
+            raise BrokerUnavailable("Kafka unavailable: RequestTimedOutError()")
+        return "acked"
+
+    assert await asyncio.wait_for(runner._retrying("publish", publish), 5) == "acked"
+    assert ready_at_start == [True, False, False, False]
     assert runner.health.state is ConsumerState.RUNNING
 
 
