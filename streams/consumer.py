@@ -681,7 +681,9 @@ class VelocityConsumer:
     async def _lag_during_outage(self) -> None:
         """Keep the lag metric current while a batch waits: the paused partitions are
         not fetched, so their high-water marks are asked of the broker (when it answers),
-        at most every ``_LAG_EVERY`` seconds. A backlog is what an outage builds."""
+        at most every ``_LAG_EVERY`` seconds. A backlog is what an outage builds: on every
+        assigned partition, not only those of the batch in hand (the others kept the lag
+        they had before the outage, 0 while events waited on them)."""
         now = time.monotonic()
         if now - self._lag_asked < _LAG_EVERY or not self._positions:
             return
@@ -690,12 +692,28 @@ class VelocityConsumer:
         self._lag_asked = now
         with contextlib.suppress(KafkaError, TimeoutError, IllegalStateError):
             ends = await asyncio.wait_for(
-                self.consumer.end_offsets(list(self._positions)), _LAG_EVERY
+                self.consumer.end_offsets(list(self.consumer.assignment())), _LAG_EVERY
             )
-            for tp, end in ends.items():
-                position = self._positions.get(tp)
-                if position is not None:
-                    self.metrics.lag.labels(str(tp.partition)).set(max(0, end - position))
+            await self._set_lag(ends)
+
+    async def _set_lag(self, marks: Mapping[TopicPartition, int]) -> None:
+        """The lag of each partition of ``marks`` (its high-water mark) still assigned:
+        from where its last batch ended, or, for one no batch came from yet, from where
+        the consumer reads it."""
+        positions = {tp: self._positions[tp] for tp in marks if tp in self._positions}
+        unread = [tp for tp in marks if tp not in positions]
+        if unread:
+            # known at once for a partition assigned and fetched from; bounded all the
+            # same (a position being reset waits on the brokers). A group error it raises
+            # is the coordinator's, which getmany would raise: not swallowed
+            asking = asyncio.gather(*(self.consumer.position(tp) for tp in unread))
+            with contextlib.suppress(IllegalStateError, TimeoutError):
+                found = await asyncio.wait_for(asking, 0.5)
+                positions.update(zip(unread, found, strict=True))
+        assigned = self.consumer.assignment()  # a rebalance may have ended meanwhile
+        for tp, position in positions.items():
+            if tp in assigned:
+                self.metrics.lag.labels(str(tp.partition)).set(max(0, marks[tp] - position))
 
     async def _probe_brokers(self) -> None:
         """Ask the brokers for the assigned partitions' end offsets (or for metadata,
@@ -748,27 +766,11 @@ class VelocityConsumer:
         the consumer reads it (a backlog of several partitions showed only the lag of
         those a batch had come from, 335 of ~2,800 records)."""
         marks: dict[TopicPartition, int] = {}
-        positions: dict[TopicPartition, int] = {}
         for tp in self.consumer.assignment():  # aiokafka asserts on one no longer assigned
             highwater = self.consumer.highwater(tp)
-            if highwater is None:
-                continue
-            marks[tp] = highwater
-            if tp in self._positions:
-                positions[tp] = self._positions[tp]
-        unread = [tp for tp in marks if tp not in positions]
-        if unread:
-            # fetched, so their positions are known and this returns at once; bounded
-            # all the same (a position being reset waits on the brokers). A group error
-            # it raises is the coordinator's, which getmany would raise: not swallowed
-            asking = asyncio.gather(*(self.consumer.position(tp) for tp in unread))
-            with contextlib.suppress(IllegalStateError, TimeoutError):
-                found = await asyncio.wait_for(asking, 0.5)
-                positions.update(zip(unread, found, strict=True))
-        assigned = self.consumer.assignment()  # a rebalance may have ended meanwhile
-        for tp, position in positions.items():
-            if tp in assigned:
-                self.metrics.lag.labels(str(tp.partition)).set(max(0, marks[tp] - position))
+            if highwater is not None:
+                marks[tp] = highwater
+        await self._set_lag(marks)
 
 
 class _Watch:

@@ -928,6 +928,89 @@ async def test_store_outage_pauses_then_resumes_without_loss(setup: Setup) -> No
         await inner.close()
 
 
+async def produce_to(bootstrap: str, topic: str, partition: int, lines: Sequence[bytes]) -> None:
+    """Send ``lines`` to ``partition`` of ``topic``, whatever their keys."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        for raw in lines:
+            await producer.send_and_wait(topic, raw, partition=partition)
+    finally:
+        await producer.stop()
+
+
+def _lag_of(metrics: str, partition: int) -> float | None:
+    prefix = f'limitflow_consumer_lag{{partition="{partition}"}} '
+    for line in metrics.splitlines():
+        if line.startswith(prefix):
+            return float(line.removeprefix(prefix))
+    return None
+
+
+async def test_a_store_outage_shows_the_lag_of_partitions_outside_the_batch_in_hand(
+    setup: Setup,
+) -> None:
+    # while the batch in hand waited on the store, only the lag of the partitions it came
+    # from was asked of the brokers: the others, paused and not fetched, kept the lag they
+    # had before the outage (0), however many events waited on them
+    from limitflow.run_cli import serve
+    from limitflow.settings import load_run_settings
+    from schemas.rules import load_rules
+    from stores import open_store
+
+    port = _free_port()
+    events, verdicts, dead = setup.topics
+    settings = load_run_settings(
+        {
+            "bootstrap_servers": setup.bootstrap,
+            "input_topic": events,
+            "output_topic": verdicts,
+            "dead_letter_topic": dead,
+            "group_id": f"{setup.name}-g",
+            "rules": RULES,
+            "store": setup.store,
+            "http_port": port,
+            "session_timeout_ms": 6000,
+            "retry_initial_ms": 100,
+            "retry_max_ms": 500,
+        },
+        {},
+    )
+    inner = open_store(setup.store)
+    await inner.init()
+    store = FlakyStore(inner)
+    store.down = True
+    task = asyncio.create_task(serve(settings, load_rules(RULES), store))
+    try:
+        deadline = time.monotonic() + 60
+        while (await asyncio.to_thread(readyz, port))[0] != 200:
+            assert time.monotonic() < deadline, "never ready"
+            await asyncio.sleep(0.2)
+        await produce_to(setup.bootstrap, events, 0, [_pay(0)])  # the batch in hand
+        deadline = time.monotonic() + 30
+        while store.refused < 3:
+            assert time.monotonic() < deadline, "the consumer never reached the store"
+            await asyncio.sleep(0.2)
+        for partition in (1, 2, 3):
+            await produce_to(
+                setup.bootstrap, events, partition, [_pay(partition * 100 + n) for n in range(20)]
+            )
+        deadline = time.monotonic() + 15
+        while True:
+            metrics = (await asyncio.to_thread(http_get, port, "/metrics"))[1]
+            lags = [_lag_of(metrics, partition) for partition in (1, 2, 3)]
+            if lags == [20, 20, 20] or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        assert lags == [20, 20, 20], metrics
+        store.down = False
+    finally:
+        if not task.done():  # else serve() put the default action back: it would end pytest
+            os.kill(os.getpid(), signal.SIGTERM)  # serve() installed its handler on this loop
+        assert await asyncio.wait_for(task, 60) == 0
+        await inner.close()
+
+
 @pytest.fixture
 def noida(tmp_path: Path) -> Iterator[Any]:
     with kafka_broker("noida") as handle:
