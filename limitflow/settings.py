@@ -389,7 +389,7 @@ def store_password(env: Mapping[str, str]) -> str | None:
     return env.get(env_name(STORE_PASSWORD)) or None
 
 
-FAUST_ONLY: Final = ("batch_wait_ms", "web_port", "data_dir")
+FAUST_ONLY: Final = ("batch_wait_ms", "web_port", "web_bind", "data_dir")
 """Settings of the faust app (``streams.faust_app.FaustSettings``) that ``run`` has not;
 named here so that ``run`` need not import faust to know them (a test keeps them true)."""
 TEST_VARIABLES: Final = (

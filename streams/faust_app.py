@@ -130,6 +130,10 @@ class FaustSettings:
     retry_max_ms: int = 30_000
     web_port: int = 6066
     """Port of faust's web server (stats, health); ``worker --without-web`` turns it off."""
+    web_bind: str = "127.0.0.1"
+    """Address faust's web server listens on: this host alone, as ``run``'s ``http_host``
+    (faust's own default, 0.0.0.0, showed its stats pages to every network the host is
+    on); ``0.0.0.0`` for probes from outside it, in a container."""
     data_dir: str = ""
     """faust's data directory (unused: no tables); default a folder in the temp dir."""
     security: KafkaSecurity = dataclasses.field(default_factory=KafkaSecurity)
@@ -169,6 +173,8 @@ class FaustSettings:
         check_compression(settings.compression)
         if not 0 <= settings.web_port <= 65_535:
             raise ConfigError(f"web_port ({env_name('web_port')}) must be 0..65535")
+        if not settings.web_bind.strip():
+            raise ConfigError(f"web_bind ({env_name('web_bind')}) must not be empty")
         return settings
 
 
@@ -593,6 +599,7 @@ def build_app(settings: FaustSettings, rules: RuleSet | None = None) -> faust.Ap
         producer_max_batch_size=batch_bytes(settings.max_message_bytes),
         producer_compression_type=compression_type(settings.compression),
         web_port=settings.web_port,
+        web_bind=settings.web_bind,
         datadir=settings.data_dir
         or os.path.join(tempfile.gettempdir(), f"limitflow-faust-{settings.group_id}"),
         key_serializer="raw",

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -158,9 +159,11 @@ class Worker:
         log: Path,
         batch_size: str = "500",
         wrap: tuple[str, ...] = (),
+        web: bool = False,
         **settings: str,
     ):
-        """``wrap``: run the worker by ``python -m`` a script that injects a fault."""
+        """``wrap``: run the worker by ``python -m`` a script that injects a fault;
+        ``web``: with faust's web server."""
         argv, env = faust_worker(
             kafka.bootstrap_servers,
             (topics.input, topics.output, topics.dead),
@@ -169,6 +172,8 @@ class Worker:
             batch_size=batch_size,
             **settings,
         )
+        if web:
+            argv.remove("--without-web")
         if wrap:
             argv = [sys.executable, "-m", *wrap, "faust", *argv[1:]]
         self.log = log
@@ -981,3 +986,52 @@ async def test_a_session_timeout_over_90_s_is_taken(
         assert "ImproperlyConfigured" not in worker.log.read_text()
     finally:
         worker.kill()
+
+
+def _this_hosts_address() -> str | None:
+    """An address of this host other than loopback (the one its default route leaves
+    by), or None."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: a route is chosen
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def test_the_web_server_listens_on_this_host_alone(
+    kafka: KafkaBroker, topics: Topics, tmp_path: Path
+) -> None:
+    # faust's own default web_bind, 0.0.0.0, showed the worker's stats pages to every
+    # network the host is on, where `run`'s ops endpoint listens on 127.0.0.1
+    outside = _this_hosts_address()
+    if outside is None:
+        pytest.skip("this host has no address but loopback")
+    port = free_port()
+    worker = Worker(
+        kafka,
+        topics,
+        f"sqlite:///{tmp_path / 'faust.db'}",
+        f"g-{uuid.uuid4().hex[:6]}",
+        tmp_path / "w.log",
+        web=True,
+        web_port=str(port),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _answers("127.0.0.1", port):
+            assert worker.proc.poll() is None, worker.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, worker.log.read_text()[-3000:]
+            time.sleep(0.2)
+        assert not _answers(outside, port), f"faust's web server answers on {outside}"
+    finally:
+        assert worker.stop() == 0, worker.log.read_text()[-3000:]
