@@ -258,7 +258,7 @@ class Metrics:
         )
         self.decision_seconds = Histogram(
             "limitflow_decision_seconds",
-            "Time to decide and durably store one batch (Engine.process)",
+            "Time to decide and durably store one batch (Engine.process), retries included",
             registry=r,
         )
         self.batch_seconds = Histogram(
