@@ -180,9 +180,17 @@ class Engine:
             ) from unexpected[0]
         attempt = 0
         while pending:
+            left = len(pending)
             try:
                 pending = await self._decide_and_commit(records, pending, results, refused)
             except ConflictError as exc:
+                if len(pending) < left:
+                    # units committed before this one (a store committing at most so many
+                    # records at once: DynamoDB's 100): progress, so the conflicts "in a
+                    # row", and the backoff, start again. Counted over the whole batch, a
+                    # `run` batch of ~40 units on a shared bucket was given up (an outage,
+                    # to the consumer) while every unit was committing
+                    attempt = 0
                 attempt += 1
                 self.stats.conflicts += 1
                 if attempt > self.max_conflict_retries:

@@ -626,6 +626,38 @@ def test_giving_up_on_conflicts_says_so() -> None:
         asyncio.run(engine.process([Record(pay("e1", "10.00").encode(), {"line": 1})]))
 
 
+class _Shared(MemoryStore):
+    """A store committing at most ``max_records_per_commit`` records at once, as DynamoDB
+    (100), where another writer wins every other commit."""
+
+    max_records_per_commit = 8
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    async def _write(self, writes: Writes, expected: Expected) -> None:
+        self.writes += 1
+        if self.writes % 2:
+            raise ConflictError("another writer won")
+        await super()._write(writes, expected)
+
+
+def test_a_batch_that_commits_unit_after_unit_between_conflicts_is_not_given_up() -> None:
+    # a batch of many commit units (DynamoDB's 100 records: a `run` batch of 2,000 events
+    # is ~40) on a bucket other members share: each unit lost once and then committed,
+    # which is progress, not the same conflict "in a row"; the batch was failed (the
+    # consumer paused and reported an outage) once the conflicts of all its units passed
+    # ``max_conflict_retries``
+    store = _Shared()
+    engine = Engine(Decider(parse_rules(RULES)), store, max_conflict_retries=2)
+    lines = [pay(f"e{n}", "1.00", account_id=f"a{n}", merchant_id="m") for n in range(8)]
+    results = asyncio.run(engine.process([Record(x.encode(), {"line": 1}) for x in lines]))
+    assert [r.decision for r in results] == ["accept"] * 8
+    assert engine.stats.commits > engine.max_conflict_retries + 1
+    assert engine.stats.conflicts == engine.stats.commits
+
+
 def test_scope_values_with_separators_keep_their_buckets_apart() -> None:
     store = MemoryStore()
     run(
