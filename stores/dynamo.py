@@ -511,7 +511,17 @@ class DynamoStore(Store):
             pks[start : start + MAX_BATCH_GET_KEYS]
             for start in range(0, len(pks), MAX_BATCH_GET_KEYS)
         ]
-        found = await asyncio.gather(*(self._batch_get(client, c) for c in chunks))
+        tasks = [asyncio.ensure_future(self._batch_get(client, c)) for c in chunks]
+        try:
+            found = await asyncio.gather(*tasks)
+        except BaseException:
+            # one failed (throttled, say), so the read fails and the batch is retried
+            # whole: the others are of no use. Left running, each with its own retries,
+            # every retry of the batch sent a full set more at a throttled table
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         return [item for items in found for item in items]
 
     async def _batch_get(self, client: Any, pks: list[str]) -> list[Item]:

@@ -229,6 +229,50 @@ async def test_reads_more_than_100_keys_in_several_requests(store: DynamoStore) 
     assert store.round_trips - before == 3
 
 
+class _ThrottledOnce:
+    """The store's client, but its first ``BatchGetItem`` is refused as throttled (after
+    botocore's own retries) and the others answer a little later: DynamoDB Local never
+    throttles, so the fault is injected here."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.sent = 0
+        self.forwarded = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    async def batch_get_item(self, **kw: Any) -> Any:
+        from botocore.exceptions import ClientError  # type: ignore[import-untyped]
+
+        self.sent += 1
+        if self.sent == 1:
+            raise ClientError(
+                {
+                    "Error": {"Code": "ProvisionedThroughputExceededException", "Message": "x"},
+                    "ResponseMetadata": {"HTTPStatusCode": 400},
+                },
+                "BatchGetItem",
+            )
+        await asyncio.sleep(0.2)
+        self.forwarded += 1
+        return await self.client.batch_get_item(**kw)
+
+
+async def test_a_failed_read_leaves_none_of_its_requests_running(store: DynamoStore) -> None:
+    # one of a batch's concurrent BatchGetItems throttled: the batch fails (retried whole
+    # by the consumer), so the others are of no use. They were left running, each with
+    # its own retries, and every retry of the batch sent a full set more at a table that
+    # was throttling already
+    throttled = _ThrottledOnce(await store._dynamodb())
+    store._client = throttled
+    with pytest.raises(StoreUnavailable):
+        await store.load(Keys(accounts={f"a{n}" for n in range(500)}))
+    await asyncio.sleep(0.5)
+    assert throttled.sent == 5
+    assert throttled.forwarded == 0
+
+
 async def test_stale_writes_conflict_and_change_nothing(
     store: DynamoStore, caplog: pytest.LogCaptureFixture
 ) -> None:
