@@ -272,8 +272,14 @@ class VelocityConsumer:
         ahead: dict[TopicPartition, int] = {}
         for tp in [tp for tp in self._owned if self._still_reading(tp)]:
             committed = self._positions.get(tp)
-            if committed is None:  # no batch yet: the group's offset is where it reads
-                continue
+            if committed is None:
+                # no batch yet since it was assigned: the group's offset, which the
+                # consumer may have moved past too (the marker after a restart's last
+                # batch, a partition whose input was all aborted) and which, taken for
+                # where it reads, stayed behind for good
+                committed = await self._group_offset(tp)
+                if committed is None:
+                    continue
             with contextlib.suppress(IllegalStateError, TimeoutError):
                 # known at once for a partition being read (bounded all the same)
                 position = await asyncio.wait_for(self.consumer.position(tp), 0.5)
@@ -306,6 +312,17 @@ class VelocityConsumer:
                 "offsets moved past transaction markers",
                 extra={"offsets": _offsets({tp: ahead[tp] for tp in done})},
             )
+
+    async def _group_offset(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset of ``tp`` (0 if it has none), kept in
+        ``_positions`` while ``tp`` is read; None if the coordinator does not answer at
+        once (asked again at the next look)."""
+        with contextlib.suppress(KafkaError, TimeoutError):
+            committed = await asyncio.wait_for(self.consumer.committed(tp), 0.5)
+            if not self._still_reading(tp):  # revoked (or paused) meanwhile
+                return None
+            return self._positions.setdefault(tp, committed or 0)
+        return None
 
     async def _poll(self, wait_ms: int) -> Batch | None:
         """``getmany``, or None as soon as a stop is asked for or a rebalance callback

@@ -1200,6 +1200,52 @@ async def test_input_written_in_transactions_is_committed_past_its_markers(
     assert s.stop(proc) == 0
 
 
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_input_of_aborted_transactions_alone_is_committed_past_them(
+    on_noida: Setup, guarantee: str
+) -> None:
+    # a partition no batch came from (all its input aborted, or, after a restart, only
+    # markers past the group's offset) was taken to be read from the group's offset:
+    # nothing of it was committed, and the group's lag stayed at its aborted records
+    s = on_noida
+    s.partitions = 2
+    s.create_topics()
+    upstream = AIOKafkaProducer(
+        bootstrap_servers=s.bootstrap, transactional_id=f"upstream-{s.name}", acks="all"
+    )
+    await upstream.start()
+    try:
+        for partition, abort in ((0, False), (1, True)):
+            await upstream.begin_transaction()
+            sent = [
+                await upstream.send(s.topics[0], _pay(n), partition=partition)
+                for n in range(partition * 3, partition * 3 + 3)
+            ]
+            for future in sent:
+                await future
+            await (upstream.abort_transaction() if abort else upstream.commit_transaction())
+    finally:
+        await upstream.stop()
+    proc = s.run("--guarantee", guarantee)
+    inputs = [TopicPartition(s.topics[0], p) for p in range(2)]
+    reader = AIOKafkaConsumer(bootstrap_servers=s.bootstrap, group_id=f"{s.name}-group")
+    await reader.start()
+    try:
+        ends = await reader.end_offsets(inputs)
+        deadline = time.monotonic() + 30
+        committed: dict[TopicPartition, int | None] = {}
+        while time.monotonic() < deadline:
+            committed = {tp: await reader.committed(tp) for tp in inputs}
+            if committed == ends:
+                break
+            await asyncio.sleep(0.5)
+        assert committed == ends  # 4 each: the aborted records and the markers
+    finally:
+        await reader.stop()
+    assert _rows(s.store) == 3
+    assert s.stop(proc) == 0
+
+
 @pytest.mark.parametrize("outage", ["frozen", "restarted"])
 async def test_broker_outage_and_return_loses_nothing(
     noida: Any, tmp_path: Path, outage: str

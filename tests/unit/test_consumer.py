@@ -626,6 +626,30 @@ async def test_offsets_moved_past_transaction_markers_count_as_commits() -> None
     assert runner.metrics.registry.get_sample_value("limitflow_offset_commits_total") == 1
 
 
+class _RestartedPastMarkers(_PastMarkers):
+    """The same after a restart: the group's offset (100) is where the last run's last
+    batch ended, before the marker that closed its transaction."""
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return 100
+
+
+async def test_offsets_moved_past_markers_before_any_batch_are_committed_too() -> None:
+    # a partition no batch came from since it was assigned (a restart after a batch that
+    # ended before its transaction's marker, or input that was all aborted) was taken to
+    # be read from the group's offset: the marker's offset was never committed, and the
+    # group's lag stayed at 1 (or the aborted records') for good
+    tp = TopicPartition("in", 0)
+    consumer = _RestartedPastMarkers()
+    consumer.assigned = {tp}
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.output = output = _Recording()
+    runner._owned = {tp}
+    await runner._pass_skipped()
+    assert output.delivered == [tp]
+    assert runner._positions[tp] == 105
+
+
 class _Kept(Output):
     """An output that keeps what it is asked to deliver."""
 
