@@ -181,6 +181,8 @@ class VelocityConsumer:
         ``partitions_revoked``: the only ones whose records are decided."""
         self._lag_asked = 0.0
         self._skipped_looked = 0.0
+        self._fed: set[TopicPartition] = set()
+        """Partitions records came from since ``_pass_skipped`` last looked."""
         self._failure: BaseException | None = None
         """A non-retriable error met in a rebalance callback, for ``run`` to raise."""
         self._round_trips = engine.store.round_trips
@@ -253,24 +255,35 @@ class VelocityConsumer:
                     owned = {tp: recs for tp, recs in batch.items() if tp in self._owned}
                     if owned:
                         await self._handle(owned)
+                self._fed.update(batch)
+                await self._pass_skipped(quiet_only=True)
             else:
                 await self._probe_brokers()
                 await self._pass_skipped()
             await self._update_lag()
 
-    async def _pass_skipped(self) -> None:
+    async def _pass_skipped(self, *, quiet_only: bool = False) -> None:
         """While no records come, commit the positions the consumer has moved past
         records it never returned: the markers that end transactions (and the records of
         aborted ones), which a ``read_committed`` consumer skips. A batch commits the
         offset after its last record; with input written in transactions the marker
         after it stayed uncommitted, and the lag (limitflow's and that of every tool
-        reading the group's offsets) stayed at 1 a partition for good."""
+        reading the group's offsets) stayed at 1 a partition for good.
+
+        ``quiet_only`` (records came): only the partitions no records came from since
+        the last look. Looked at only when no poll brought anything, a partition gone
+        quiet kept its marker uncommitted for as long as another one had traffic (a few
+        events a second kept every poll from coming back empty); a busy partition's next
+        batch commits past its markers anyway."""
         now = time.monotonic()
         if self.stopping or self._revoking or now - self._skipped_looked < _SKIPPED_EVERY:
             return
         self._skipped_looked = now
+        fed, self._fed = self._fed, set()
         ahead: dict[TopicPartition, int] = {}
-        for tp in [tp for tp in self._owned if self._still_reading(tp)]:
+        for tp in [
+            tp for tp in self._owned if self._still_reading(tp) and not (quiet_only and tp in fed)
+        ]:
             committed = self._positions.get(tp)
             if committed is None:
                 # no batch yet since it was assigned: the group's offset, which the

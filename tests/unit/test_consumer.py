@@ -650,6 +650,39 @@ async def test_offsets_moved_past_markers_before_any_batch_are_committed_too() -
     assert runner._positions[tp] == 105
 
 
+class _OneBusyOneQuiet(_PastMarkers):
+    """Records keep coming from partition 0 (every poll brings some); partition 1, quiet,
+    is read past a transaction's marker (position 105, committed 100)."""
+
+    def __init__(self, busy: TopicPartition) -> None:
+        super().__init__()
+        self.busy, self.next = busy, 0
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[Any, Any]:
+        await asyncio.sleep(0.01)
+        self.next += 1
+        return {self.busy: [_Record(self.busy, self.next)]}
+
+
+async def test_a_quiet_partition_is_committed_past_its_markers_while_another_is_busy() -> None:
+    # looked at only when a poll brought nothing: a few events a second on one partition
+    # kept every poll from coming back empty, and a quiet partition's marker stayed
+    # uncommitted (its lag at 1, in limitflow's metric and the group's) for as long
+    busy, quiet = TopicPartition("in", 0), TopicPartition("in", 1)
+    consumer = _OneBusyOneQuiet(busy)
+    consumer.assigned = {busy, quiet}
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.output = output = _Recording()
+    runner._owned, runner._positions = {busy, quiet}, {quiet: 100}
+    loop = asyncio.create_task(runner.run())
+    await asyncio.sleep(0.2)
+    runner.request_stop()
+    await asyncio.wait_for(loop, 5)
+    assert consumer.next > 3  # every poll brought records
+    assert quiet in output.delivered
+    assert runner._positions[quiet] == 105
+
+
 class _Kept(Output):
     """An output that keeps what it is asked to deliver."""
 
