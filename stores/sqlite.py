@@ -312,6 +312,9 @@ class SqliteStore(Store):
         super().__init__(retention, **kwargs)
         self.path = path
         self._db = _open(path, wal=wal)
+        self._file = _identity(path)
+        """The device and inode of the file opened (``_begin_immediate`` checks that the
+        path still names it)."""
         # SQLite waits for a lock inside the call, holding the event loop: `limitflow run`
         # keeps this short and retries with its own backoff, which lets the loop go on
         self.lock_wait = lock_wait
@@ -591,17 +594,35 @@ class SqliteStore(Store):
         """Take the write lock, waiting up to ``wait`` (default ``lock_wait``) for another
         process's, in waits of ``_LOCK_TRY``: SQLite waits inside the call, where no signal
         handler runs, so a wait of 30 s in one call left a replay's second Ctrl-C
-        unanswered until it ended. Between the tries, Python's handlers run."""
+        unanswered until it ended. Between the tries, Python's handlers run. Refused once
+        taken when the file is no longer at its path (``_still_at_path``)."""
         give_up = time.monotonic() + (self.lock_wait if wait is None else wait)
         while True:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
-                return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() >= give_up:
                     raise
+            else:
+                self._still_at_path()
+                return
             if self.stopping is not None and self.stopping():
                 raise StoppedOpening(f"stopped while waiting for the lock of {self.path}")
+
+    def _still_at_path(self) -> None:
+        """Raise ``StoreRejected`` (the write lock just taken given back) unless the path
+        still names the file opened. SQLite in WAL mode goes on committing to a file
+        deleted, replaced or moved under it: a replay or a run went on deciding, and
+        publishing verdicts, on counters that no later start would see (it opens the
+        path: an empty new file, or the one put there), and so over-accepted."""
+        found = _identity(self.path)
+        if found == self._file:
+            return
+        self._db.execute("ROLLBACK")
+        raise StoreRejected(
+            f"SQLite {self.path}: the file opened is no longer at its path (deleted,"
+            " replaced or moved since it was opened); nothing more is written to it"
+        )
 
     async def _write(self, writes: Writes, expected: Expected) -> None:
         db = self._db
@@ -755,6 +776,15 @@ class SqliteStore(Store):
 
     async def close(self) -> None:
         self._db.close()
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The device and inode of the file at ``path``; None when there is none."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def _earliest(written_at: int, retention: int) -> int:

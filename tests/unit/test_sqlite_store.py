@@ -706,3 +706,33 @@ async def test_a_consumer_keeping_a_new_rule_waits_for_another_process_s_commit(
         letting_go.join()
         holder.close()
         await store.close()
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced", "folder renamed"])
+async def test_a_commit_to_a_file_no_longer_at_its_path_is_refused(
+    tmp_path: Path, how: str
+) -> None:
+    # SQLite in WAL mode goes on committing to a file deleted or replaced under it: a
+    # replay or a run went on deciding, publishing and committing offsets into an
+    # inode no process would open again, and its next start had none of those counters
+    folder = tmp_path / "state"
+    folder.mkdir()
+    path = folder / "store.db"
+    store, engine = await _expiring_store(path, [1_900_000_000.0])
+    try:
+        (first,) = await engine.process([_payment("e-1", "2030-03-17")])
+        assert first.decision == "accept"
+        if how == "deleted":
+            path.unlink()
+        elif how == "replaced":
+            other = tmp_path / "other.db"
+            with closing(sqlite3.connect(other)) as db:
+                db.execute("CREATE TABLE t (x)")
+            other.replace(path)
+        else:
+            folder.rename(tmp_path / "moved")
+        with pytest.raises(StoreRejected, match="no longer at its path"):
+            await engine.process([_payment("e-2", "2030-03-17", 1)])
+        assert not store._db.in_transaction
+    finally:
+        await store.close()
