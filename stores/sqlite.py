@@ -315,6 +315,8 @@ class SqliteStore(Store):
         self._file = _identity(path)
         """The device and inode of the file opened (``_begin_immediate`` checks that the
         path still names it)."""
+        self._journal: list[tuple[int, int] | None] = [None, None]
+        """The same of its -wal and -shm files, once seen (``_still_at_path``)."""
         # SQLite waits for a lock inside the call, holding the event loop: `limitflow run`
         # keeps this short and retries with its own backoff, which lets the loop go on
         self.lock_wait = lock_wait
@@ -616,13 +618,29 @@ class SqliteStore(Store):
         publishing verdicts, on counters that no later start would see (it opens the
         path: an empty new file, or the one put there), and so over-accepted."""
         found = _identity(self.path)
-        if found == self._file:
-            return
-        self._db.execute("ROLLBACK")
-        raise StoreRejected(
-            f"SQLite {self.path}: the file opened is no longer at its path (deleted,"
-            " replaced or moved since it was opened); nothing more is written to it"
-        )
+        if found != self._file:
+            self._db.execute("ROLLBACK")
+            raise StoreRejected(
+                f"SQLite {self.path}: the file opened is no longer at its path (deleted,"
+                " replaced or moved since it was opened); nothing more is written to it"
+            )
+        # Its -wal and -shm likewise, as first seen with the write lock held (a new file
+        # has none until its first write; this connection holds them open from then on,
+        # and SQLite deletes them only with the last connection): a -wal deleted took
+        # the commits since the last checkpoint with it at a crash, and a process
+        # opening the file then made new ones, with a -shm whose locks this one's
+        # writes did not take
+        for index, suffix in enumerate(("-wal", "-shm")):
+            found = _identity(f"{self.path}{suffix}")
+            if self._journal[index] is None:
+                self._journal[index] = found
+            elif found != self._journal[index]:
+                self._db.execute("ROLLBACK")
+                raise StoreRejected(
+                    f"SQLite {self.path}: its {suffix} file was deleted or replaced while"
+                    " it was open (commits since the last checkpoint may be lost with it);"
+                    " nothing more is written to it"
+                )
 
     async def _write(self, writes: Writes, expected: Expected) -> None:
         db = self._db

@@ -736,3 +736,24 @@ async def test_a_commit_to_a_file_no_longer_at_its_path_is_refused(
         assert not store._db.in_transaction
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+async def test_a_commit_after_the_files_wal_or_shm_was_deleted_is_refused(
+    tmp_path: Path, suffix: str
+) -> None:
+    # a deleted -wal took the commits since the last checkpoint with it at a crash
+    # (kill -9 of a replay: its verdicts written, its file without even its tables), and
+    # another process opening the file made new ones: with a -shm of its own, the two
+    # no longer excluded each other's writes
+    path = tmp_path / "store.db"
+    store, engine = await _expiring_store(path, [1_900_000_000.0])
+    try:
+        (first,) = await engine.process([_payment("e-1", "2030-03-17")])
+        assert first.decision == "accept"
+        Path(f"{path}{suffix}").unlink()
+        with pytest.raises(StoreRejected, match=f"its {suffix} file"):
+            await engine.process([_payment("e-2", "2030-03-17", 1)])
+        assert not store._db.in_transaction
+    finally:
+        await store.close()
