@@ -867,6 +867,13 @@ def _translate(exc: sqlite3.Error, path: str) -> Exception:
         return StoreRejected(f"SQLite {path}: {text} (the file is damaged or not a database)")
     if "no such column" in text:  # another program's tables of the same names
         return StoreRejected(f"SQLite {path}: {text} (the file's tables are not limitflow's)")
+    if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_READONLY:
+        # SQLite opens a file it may not write read-only, and the connection stays so:
+        # retried, a run waited for ever, also once the file's mode was mended
+        return StoreRejected(
+            f"SQLite {path}: {text} (the file, its -wal or -shm, was opened read-only:"
+            " make them writable and start again)"
+        )
     return StoreUnavailable(f"SQLite: {text}")
 
 

@@ -757,3 +757,21 @@ async def test_a_commit_after_the_files_wal_or_shm_was_deleted_is_refused(
         assert not store._db.in_transaction
     finally:
         await store.close()
+
+
+async def test_a_file_opened_read_only_is_refused_for_good_not_retried(tmp_path: Path) -> None:
+    # SQLite opens a file it may not write read-only, and its connection stays so: a run
+    # on it retried every batch for ever (waiting on decide), also once the file's mode
+    # was mended, where a restart would have opened it for writing
+    path = tmp_path / "store.db"
+    store, engine = await _expiring_store(path, [1_900_000_000.0])
+    try:
+        writable = store._db
+        store._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        with pytest.raises(StoreRejected, match="opened read-only"):
+            await engine.process([_payment("e-1", "2030-03-17")])
+        assert not store._db.in_transaction
+        store._db.close()
+        store._db = writable
+    finally:
+        await store.close()
