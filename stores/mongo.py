@@ -98,6 +98,7 @@ _DUPLICATE_KEY = 11000
 _NOT_INITIALIZED_CODES = frozenset({26})  # NamespaceNotFound
 _UNAVAILABLE_CODES = frozenset(
     {6, 7, 64, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11601, 11602, 13435, 13436, 50, 202}
+    | {43, 133, 175, 237}
 )
 """HostUnreachable, HostNotFound, WriteConcernFailed, NetworkTimeout, ShutdownInProgress,
 ReadConcernMajorityNotAvailableYet (a member just started or elected: every read is at
@@ -105,7 +106,12 @@ majority), PrimarySteppedDown, ExceededTimeLimit, SocketException, NotWritablePr
 InterruptedAtShutdown, Interrupted, InterruptedDueToReplStateChange,
 NotPrimaryNoSecondaryOk, NotPrimaryOrSecondary, MaxTimeMSExpired,
 NetworkInterfaceExceededTimeLimit. (A commit retried after one of them is safe: it is
-conditional, so if the first did land, the retry conflicts and the batch is re-read.)"""
+conditional, so if the first did land, the retry conflicts and the batch is re-read.)
+Then a read that the server gave up, which the same read sent again answers:
+CursorNotFound and CursorKilled (a ``find`` over 16 MiB of event records continues by
+``getMore``, whose cursor a failover or restart forgets), QueryPlanKilled, and
+FailedToSatisfyReadPreference (mongos while a shard elects its primary). Taken for
+refusals, each stopped ``run`` for good."""
 
 
 class MongoStore(Store):

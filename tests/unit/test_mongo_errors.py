@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pymongo.errors import ServerSelectionTimeoutError
+import pytest
+from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
 
 from limitflow.errors import StoreUnavailable
 from stores.mongo import _translate
@@ -142,3 +143,23 @@ def test_a_majority_read_before_the_member_can_serve_one_is_retriable() -> None:
         )
     )
     assert isinstance(error, StoreUnavailable) and error.retriable
+
+
+def test_a_read_the_server_gave_up_is_retriable() -> None:
+    # a find whose cursor a failover forgot (its getMore: CursorNotFound, CursorKilled),
+    # whose plan was killed, or that mongos could not route while a shard elects its
+    # primary: the same read sent again is answered. They were StoreRejected, and `run`
+    # stopped (exit 3). Made as PyMongo makes them from the server's reply
+    from pymongo.helpers_shared import _check_command_response
+
+    for code, name in [
+        (43, "CursorNotFound"),
+        (133, "FailedToSatisfyReadPreference"),
+        (175, "QueryPlanKilled"),
+        (237, "CursorKilled"),
+    ]:
+        reply = {"ok": 0, "code": code, "codeName": name, "errmsg": name}
+        with pytest.raises(OperationFailure) as caught:
+            _check_command_response(reply, 21)
+        error = _translate(caught.value)
+        assert isinstance(error, StoreUnavailable) and error.retriable, name
