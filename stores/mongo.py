@@ -563,7 +563,7 @@ def _bucket_doc(bucket: Bucket) -> Document:
 
 def _bucket(doc: Mapping[str, Any]) -> Bucket:
     period_end = doc.get("period_end")
-    expires_at = doc.get("expires_at")
+    expires_at = _stored_expiry(doc)
     return Bucket(
         count=_counted(doc["count"], "count"),
         amount=_counted(doc["amount"], "amount"),
@@ -572,6 +572,17 @@ def _bucket(doc: Mapping[str, Any]) -> Bucket:
         expires_at=None if expires_at is None else _epoch(expires_at),
         born=_counted(doc.get("born", 0), "born"),
     )
+
+
+def _stored_expiry(doc: Mapping[str, Any]) -> datetime | None:
+    """A record's ``expires_at``: None when it has none. A null (a document edited by
+    hand) read as none too, but a write is conditioned on the field being absent
+    (``_expiry``), so every commit touching the record conflicted, and was retried
+    for ever."""
+    if "expires_at" in doc and doc["expires_at"] is None:
+        raise DamagedRecord("a stored expires_at of type NoneType")
+    expires_at: datetime | None = doc.get("expires_at")
+    return expires_at
 
 
 def _counted(value: object, name: str, least: int = 0) -> int:
@@ -616,7 +627,7 @@ def _event_doc(record: EventRecord) -> Document:
 
 
 def _event(doc: Mapping[str, Any]) -> EventRecord:
-    expires_at = doc.get("expires_at")
+    expires_at = _stored_expiry(doc)
     return EventRecord(
         fingerprint=doc["fingerprint"],
         account_id=doc["account_id"],
