@@ -228,7 +228,8 @@ class MongoStore(Store):
         return snapshot
 
     async def _find(self, name: str, ids: Iterable[str]) -> list[Document]:
-        """Documents with ``_id`` in ``ids``: one request per chunk (no getMore)."""
+        """Documents with ``_id`` in ``ids``: one request per chunk (and a ``getMore`` for
+        the rest of one whose documents exceed a reply's 16 MiB, on a real server)."""
         found: list[Document] = []
         collection = self._collection(name)
         for chunk in _chunks(sorted(ids)):
