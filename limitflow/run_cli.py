@@ -569,6 +569,13 @@ async def _load_and_serve(args: argparse.Namespace, signals: StopSignals) -> int
     configure_logging(settings.log_level, settings.log_format)
     for name in unknown_variables(os.environ):
         log.warning("%s is not a limitflow setting: ignored (misspelt?)", name)
+    if not settings.create_topics:
+        for flag in ("partitions", "replication_factor"):
+            if getattr(args, flag, None) is not None:  # a variable may serve topics create
+                log.warning(
+                    "--%s is for topics created at start: ignored without --create-topics",
+                    flag.replace("_", "-"),
+                )
     rules = _rules(settings.rules)
     store = await store_unless_stopped(settings.store, rules, stop)
     if store is None:

@@ -2106,6 +2106,30 @@ def test_an_ops_endpoint_that_cannot_listen_stops_run_in_one_line(
     assert ("in use" if taken else "assign requested address") in reason
 
 
+def test_run_says_that_a_partition_count_without_create_topics_is_ignored(
+    tmp_path: Path, rules: Path
+) -> None:
+    # `run --partitions 12` took the flag and did nothing with it: the topics are made
+    # with them only by --create-topics (or `topics create`), and nothing said so
+    with socket.socket() as holder:  # an ops port in use ends the run at once, exit 2
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        base = (
+            *("run", "--bootstrap-servers", "127.0.0.1:1", "--group-id", "g"),
+            *("--input-topic", "in", "--output-topic", "out", "--dead-letter-topic", "dead"),
+            *("--rules", str(rules), "--store", "memory://", "--http-port", str(port)),
+            *("--log-format", "text"),
+        )
+        ignored = limitflow(*base, "--partitions", "12", "--replication-factor", "3", cwd=tmp_path)
+        taken = limitflow(*base, "--partitions", "12", "--create-topics", cwd=tmp_path)
+    said = ignored.stderr.decode()
+    assert "--partitions is for topics created at start: ignored without --create-topics" in said
+    assert "--replication-factor is for topics created at start" in said
+    assert "is for topics created at start" not in taken.stderr.decode()
+    assert ignored.returncode == taken.returncode == 2  # the port, as before
+
+
 def test_a_key_error_of_a_bug_in_run_is_no_usage_error(
     rules: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
