@@ -317,6 +317,9 @@ class SqliteStore(Store):
         path still names it)."""
         self._journal: list[tuple[int, int] | None] = [None, None]
         """The same of its -wal and -shm files, once seen (``_still_at_path``)."""
+        self._journal_base = os.path.realpath(path)
+        """Where SQLite keeps them: beside the file, a symbolic link to it resolved
+        (looked for beside the link, none was found, and a -wal deleted went unnoticed)."""
         # SQLite waits for a lock inside the call, holding the event loop: `limitflow run`
         # keeps this short and retries with its own backoff, which lets the loop go on
         self.lock_wait = lock_wait
@@ -631,7 +634,7 @@ class SqliteStore(Store):
         # opening the file then made new ones, with a -shm whose locks this one's
         # writes did not take
         for index, suffix in enumerate(("-wal", "-shm")):
-            found = _identity(f"{self.path}{suffix}")
+            found = _identity(f"{self._journal_base}{suffix}")
             if self._journal[index] is None:
                 self._journal[index] = found
             elif found != self._journal[index]:

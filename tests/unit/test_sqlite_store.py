@@ -775,3 +775,26 @@ async def test_a_file_opened_read_only_is_refused_for_good_not_retried(tmp_path:
         store._db = writable
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+async def test_a_deleted_wal_or_shm_is_refused_also_through_a_symlinked_path(
+    tmp_path: Path, suffix: str
+) -> None:
+    # SQLite resolves a symbolic link to the database and keeps its -wal and -shm beside
+    # the file linked to, not beside the link: looked for beside the link, none was ever
+    # found, and a -wal deleted went unnoticed (the commits since the last checkpoint
+    # lost at a crash, as without the check)
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "store.db"
+    link.symlink_to(tmp_path / "real" / "store.db")
+    store, engine = await _expiring_store(link, [1_900_000_000.0])
+    try:
+        (first,) = await engine.process([_payment("e-1", "2030-03-17")])
+        assert first.decision == "accept"
+        Path(f"{tmp_path / 'real' / 'store.db'}{suffix}").unlink()
+        with pytest.raises(StoreRejected, match=f"its {suffix} file"):
+            await engine.process([_payment("e-2", "2030-03-17", 1)])
+        assert not store._db.in_transaction
+    finally:
+        await store.close()
