@@ -620,7 +620,13 @@ class SqliteStore(Store):
         deleted, replaced or moved under it: a replay or a run went on deciding, and
         publishing verdicts, on counters that no later start would see (it opens the
         path: an empty new file, or the one put there), and so over-accepted."""
-        found = _identity(self.path)
+        try:
+            found = _identity(self.path)
+        except OSError as exc:
+            # not an answer that it moved (a folder unreadable for a while, an NFS
+            # ESTALE or EIO): an outage, retried, not a stop for good
+            self._db.execute("ROLLBACK")
+            raise StoreUnavailable(f"SQLite {self.path}: cannot look at the file: {exc}") from exc
         if found != self._file:
             self._db.execute("ROLLBACK")
             raise StoreRejected(
@@ -634,7 +640,13 @@ class SqliteStore(Store):
         # opening the file then made new ones, with a -shm whose locks this one's
         # writes did not take
         for index, suffix in enumerate(("-wal", "-shm")):
-            found = _identity(f"{self._journal_base}{suffix}")
+            try:
+                found = _identity(f"{self._journal_base}{suffix}")
+            except OSError as exc:
+                self._db.execute("ROLLBACK")
+                raise StoreUnavailable(
+                    f"SQLite {self.path}: cannot look at its {suffix} file: {exc}"
+                ) from exc
             if self._journal[index] is None:
                 self._journal[index] = found
             elif found != self._journal[index]:
@@ -800,10 +812,11 @@ class SqliteStore(Store):
 
 
 def _identity(path: str) -> tuple[int, int] | None:
-    """The device and inode of the file at ``path``; None when there is none."""
+    """The device and inode of the file at ``path``; None when there is none (an
+    ``OSError`` that does not say so is raised: it says nothing of the file)."""
     try:
         found = os.stat(path)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     return found.st_dev, found.st_ino
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import re
 import sqlite3
 from collections.abc import Callable
@@ -734,6 +735,34 @@ async def test_a_commit_to_a_file_no_longer_at_its_path_is_refused(
         with pytest.raises(StoreRejected, match="no longer at its path"):
             await engine.process([_payment("e-2", "2030-03-17", 1)])
         assert not store._db.in_transaction
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("looked_at", ["store.db", "store.db-wal"])
+async def test_a_file_that_cannot_be_looked_at_for_a_while_is_an_outage_not_a_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, looked_at: str
+) -> None:
+    # a stat that failed for another reason than "no such file" (a folder unreadable for
+    # a while, an NFS ESTALE) was read as the file gone: `run` stopped for good, exit 3
+    path = tmp_path / "store.db"
+    store, engine = await _expiring_store(path, [1_900_000_000.0])
+    real_stat = os.stat
+
+    def failing(name: str, *args: Any, **kwargs: Any) -> os.stat_result:
+        if os.path.basename(name) == looked_at:
+            raise PermissionError(13, "Permission denied", name)
+        return real_stat(name, *args, **kwargs)
+
+    try:
+        (first,) = await engine.process([_payment("e-1", "2030-03-17")])
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "stat", failing)  # the store's, and every other's
+            with pytest.raises(StoreUnavailable, match="cannot look at"):
+                await engine.process([_payment("e-2", "2030-03-17", 1)])
+        assert not store._db.in_transaction
+        (second,) = await engine.process([_payment("e-2", "2030-03-17", 1)])  # retried
+        assert (first.decision, second.decision) == ("accept", "accept")
     finally:
         await store.close()
 
