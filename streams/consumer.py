@@ -281,18 +281,17 @@ class VelocityConsumer:
         self._skipped_looked = now
         fed, self._fed = self._fed, set()
         ahead: dict[TopicPartition, int] = {}
-        for tp in [
+        looked = [
             tp for tp in self._owned if self._still_reading(tp) and not (quiet_only and tp in fed)
-        ]:
+        ]
+        # no batch yet since they were assigned: the group's offset, which the consumer may
+        # have moved past too (the marker after a restart's last batch, a partition whose
+        # input was all aborted) and which, taken for where it reads, stayed behind for good
+        await self._group_offsets([tp for tp in looked if tp not in self._positions])
+        for tp in looked:
             committed = self._positions.get(tp)
-            if committed is None:
-                # no batch yet since it was assigned: the group's offset, which the
-                # consumer may have moved past too (the marker after a restart's last
-                # batch, a partition whose input was all aborted) and which, taken for
-                # where it reads, stayed behind for good
-                committed = await self._group_offset(tp)
-                if committed is None:
-                    continue
+            if committed is None:  # the coordinator did not answer at once: next look
+                continue
             with contextlib.suppress(IllegalStateError, TimeoutError):
                 # known at once for a partition being read (bounded all the same)
                 position = await asyncio.wait_for(self.consumer.position(tp), 0.5)
@@ -326,16 +325,19 @@ class VelocityConsumer:
                 extra={"offsets": _offsets({tp: ahead[tp] for tp in done})},
             )
 
-    async def _group_offset(self, tp: TopicPartition) -> int | None:
-        """The group's committed offset of ``tp`` (0 if it has none), kept in
-        ``_positions`` while ``tp`` is read; None if the coordinator does not answer at
-        once (asked again at the next look)."""
+    async def _group_offsets(self, partitions: list[TopicPartition]) -> None:
+        """Keep the group's committed offset of each of ``partitions`` (0 if it has none)
+        in ``_positions`` while it is read; those the coordinator does not answer within
+        0.5 s are asked again at the next look. Asked all at once: one after another, a
+        slow coordinator held the consume loop 0.5 s a partition."""
+        if not partitions:
+            return
         with contextlib.suppress(KafkaError, TimeoutError):
-            committed = await asyncio.wait_for(self.consumer.committed(tp), 0.5)
-            if not self._still_reading(tp):  # revoked (or paused) meanwhile
-                return None
-            return self._positions.setdefault(tp, committed or 0)
-        return None
+            asking = asyncio.gather(*(self.consumer.committed(tp) for tp in partitions))
+            found = await asyncio.wait_for(asking, 0.5)
+            for tp, committed in zip(partitions, found, strict=True):
+                if self._still_reading(tp):  # not revoked (or paused) meanwhile
+                    self._positions.setdefault(tp, committed or 0)
 
     async def _poll(self, wait_ms: int) -> Batch | None:
         """``getmany``, or None as soon as a stop is asked for or a rebalance callback

@@ -650,6 +650,40 @@ async def test_offsets_moved_past_markers_before_any_batch_are_committed_too() -
     assert runner._positions[tp] == 105
 
 
+class _SlowCoordinator(_RestartedPastMarkers):
+    """A coordinator that answers each committed-offset request after 0.3 s; how many
+    were asked at once is kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asking = self.most_at_once = 0
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        self.asking += 1
+        self.most_at_once = max(self.most_at_once, self.asking)
+        try:
+            await asyncio.sleep(0.3)
+        finally:
+            self.asking -= 1
+        return 100
+
+
+async def test_the_group_offsets_of_partitions_never_read_are_asked_at_once() -> None:
+    # asked one after another, each bounded by 0.5 s, a coordinator answering in 0.3 s
+    # held the consume loop 0.3 s a partition at every first look after an assignment:
+    # 1.8 s for six partitions, 30 s for a hundred
+    partitions = {TopicPartition("in", n) for n in range(6)}
+    consumer = _SlowCoordinator()
+    consumer.assigned = set(partitions)
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.output = output = _Recording()
+    runner._owned = set(partitions)
+    await runner._pass_skipped()
+    assert consumer.most_at_once == len(partitions)
+    assert sorted(output.delivered) == sorted(partitions)
+    assert all(runner._positions[tp] == 105 for tp in partitions)
+
+
 class _OneBusyOneQuiet(_PastMarkers):
     """Records keep coming from partition 0 (every poll brings some); partition 1, quiet,
     is read past a transaction's marker (position 105, committed 100)."""
