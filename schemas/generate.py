@@ -87,11 +87,31 @@ def _tighten(name: str, defs: dict[str, Any]) -> None:
         ]
 
 
+_END: Final = "$(?!\\n)"
+"""The end of a pattern: the end of the text. A bare ``$`` is that in the regexes JSON
+Schema names (ECMA-262), but Python's (``jsonschema``) also takes it before a last
+newline: ``"…Z\\n"`` and a rule id ``"r\\n"`` passed there, which limitflow refuses."""
+
+
+def _anchored(node: Any) -> None:
+    """End every ``pattern`` under ``node`` with ``_END`` instead of ``$``."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str) and value.endswith("$"):
+                node[key] = value[:-1] + _END
+            else:
+                _anchored(value)
+    elif isinstance(node, list):
+        for value in node:
+            _anchored(value)
+
+
 def render(name: str) -> str:
     """The schema file text of one model."""
     model, title = MODELS[name]
     schema = msgspec.json.schema(model)
     _tighten(name, schema["$defs"])
+    _anchored(schema)
     schema = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://limitflow.dev/schemas/{name}.schema.json",
