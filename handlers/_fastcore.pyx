@@ -1344,6 +1344,9 @@ def stamp(writes, now, bucket_seconds, event_seconds, latest):
                         kept = latest
                 if kept > until:
                     until = kept
+            # never earlier than stored (a reversal after its original's buckets expired)
+            if held is not None and until is not None and held > until:
+                until = held if held < latest else latest
         _R_EXPIRES_AT.set(record, until)
         if _R_BORN.get(record) is None:  # a new payment: its buckets are in this commit
             born = []

@@ -131,8 +131,10 @@ def stamp(
 
     An idempotency record expires no earlier than the bucket retention after the buckets
     of this commit that it counted in (or, a reversal, released from), and never if one
-    of them never does (a lifetime bucket) or if it never did: else a resend after the
-    record went would be counted again in a bucket still holding it. The margin is the
+    of them never does (a lifetime bucket) or if it never did, and never earlier than it
+    was stored to (a reversal of a payment whose buckets expired writes none of them):
+    else a resend after the record went would be counted again in a bucket still
+    holding it, or decided again before the time its record was kept for. The margin is the
     clock difference tolerated (above): a record deleted on a clock ahead of a member's
     is one whose buckets that member reads expired too.
 
@@ -174,6 +176,13 @@ def stamp(
                         kept = latest
                     if kept > until:
                         until = kept
+            # never earlier than stored: a reversal that releases from none of its
+            # original's buckets (they expired) would else cut the original's record
+            # to its own retention, short of the bucket retention past the buckets its
+            # payment's commit left, and a resend then was decided again
+            held = held_events[event_id]
+            if held is not None and until is not None and held > until:
+                until = held if held < latest else latest
         record.expires_at = until
         if record.born is None:  # a new payment: its buckets are in this commit
             record.born = tuple(

@@ -750,6 +750,42 @@ async def test_a_reversal_releases_nothing_from_a_bucket_that_expired_and_began_
         await store.close()
 
 
+async def test_a_reversal_after_its_payments_buckets_expired_keeps_the_payment_known(
+    store_url: str,
+) -> None:
+    """p1 is counted in its day's bucket, kept (README, *State stores*) a bucket
+    retention (ten days) past that bucket's expiry, though events are kept one day. Its
+    reversal comes once the bucket has expired, and releases from none: p1's record still
+    stays known until then, and a resend of p1 gets its verdict again. (Before, the
+    reversal stamped p1's record with its own day: the resend two days later was decided
+    again, counted anew in the day it had been reversed from, with a new seq.)"""
+    clock = [NOW]  # 2030-03-17T17:46:40Z; the events are of that day, earlier
+    retention = "bucket_retention_days=10&event_retention_days=1"
+    store = open_store(store_url + ("&" if "?" in store_url else "?") + retention)
+    store._clock = lambda: clock[0]
+    await store.init()
+    engine = Engine(Decider(parse_rules(_LATE_RULES)), store)
+
+    async def decide(line: bytes) -> dict[str, Any]:
+        (result,) = await engine.process([Record(line, {"line": 0})])
+        assert result.kind is not OutcomeKind.DEAD_LETTER, result.detail
+        return {"kind": result.kind, **json.loads(result.verdict or b"null")}
+
+    try:
+        p1 = await decide(_event("p1", "80.00"))
+        assert (p1["decision"], p1["seq"]) == ("accept", 1)
+        # the day's bucket expires 2030-03-29T00:00Z (its period's end, taken as 24 h
+        # after the day's end, + 10 days); p1's record ten days after that
+        clock[0] = NOW + 12 * 86_400  # 2030-03-29T17:46:40Z
+        r1 = await decide(_event("r1", "80.00", "reversal", original="p1"))
+        assert (r1["decision"], r1["limits"][0]["amount_used"]) == ("accept", "0.00")
+        clock[0] = NOW + 14 * 86_400  # past r1's own day, before p1's record's expiry
+        again = await decide(_event("p1", "80.00"))
+        assert (again["kind"], again["seq"]) == (OutcomeKind.DUPLICATE, 1)
+    finally:
+        await store.close()
+
+
 _SHARED_RULES = b"""
 rules:
   - {id: merchant, scope: merchant_id, window: month, currency: CNY, max_amount: "1000.00"}

@@ -14,7 +14,8 @@ the store's clock. Buckets expire ``bucket_seconds`` after the later of their pe
 end (its local end read as UTC, + 24 h) and the writer's clock; idempotency records
 ``event_seconds`` after the later of their event time and the writer's clock, but never
 before ``bucket_seconds`` past a bucket the same commit wrote that they counted in (or
-released from); a record stored never to expire stays so. Each life of a bucket is
+released from); a record stored never to expire stays so, and one stored never expires
+earlier than it was stored to. Each life of a bucket is
 stamped with the clock that began it; a reversal releases its payment only from the life
 it was added to.
 """
@@ -507,6 +508,7 @@ class Model:
             occurred, until, counted = self.records[event_id]
             if not new and until is None:
                 continue  # stored never to expire: it stays so
+            held = None if new else until  # a stored record's expiry never moves back
             own = min(max(occurred, self.now) + event_seconds, LATEST_EXPIRY)
             # the bucket retention past each bucket this batch wrote that it counted in:
             # a resend after the record went would count again in a bucket still
@@ -520,6 +522,8 @@ class Model:
                 until = max([own, *past])
                 if until > own:
                     self.reached.add("record kept for its bucket")
+                if held is not None and held > until:
+                    until = held
             self.records[event_id] = (occurred, until, counted)
 
     def change_rules(self, rules: list[dict[str, Any]]) -> None:
