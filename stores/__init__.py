@@ -46,8 +46,9 @@ def embedded(url: str) -> tuple[Retention, str | None]:
     with every check ``open_store`` makes of an embedded store's URL before it opens it
     (a sqlite file is made as it is opened): a ``ConfigError``."""
     parts = urlsplit(url)
-    # MongoDB URIs may separate options with ";" too: read them all as the driver does
-    query = parse_qs(parts.query.replace(";", "&"))
+    # MongoDB URIs may separate options with ";" too: read them all as the driver does;
+    # blank ones too (dropped, `?bucket_retention_days=` kept the default without a word)
+    query = parse_qs(parts.query.replace(";", "&"), keep_blank_values=True)
     retention = _retention(query)
     if parts.scheme in ("memory", "sqlite") and query:
         # the server stores refuse options they do not know; so do these: a misspelt

@@ -2595,6 +2595,9 @@ def test_a_rule_whose_counters_would_change_meaning_is_refused_before_any_event(
         ("sqlite:///none.db?bucket_retention_days=0", "must be a finite number of days"),
         ("memory://x?foo=1", "unknown option foo"),
         ("sqlite:///nodir/x.db", "cannot open SQLite database nodir/x.db"),
+        # blank: parse_qs dropped them, and the default was kept without a word
+        ("sqlite:///none.db?bucket_retention_days=", "'' is not a number of days"),
+        ("sqlite:///none.db?bucket_retention_dys=", "unknown option bucket_retention_dys"),
     ],
 )
 def test_checking_rules_against_a_store_url_that_replay_refuses_is_refused(
