@@ -332,12 +332,21 @@ class VelocityConsumer:
         slow coordinator held the consume loop 0.5 s a partition."""
         if not partitions:
             return
-        with contextlib.suppress(KafkaError, TimeoutError):
-            asking = asyncio.gather(*(self.consumer.committed(tp) for tp in partitions))
-            found = await asyncio.wait_for(asking, 0.5)
-            for tp, committed in zip(partitions, found, strict=True):
-                if self._still_reading(tp):  # not revoked (or paused) meanwhile
-                    self._positions.setdefault(tp, committed or 0)
+        # each answer on its own: under one gather, one refusal, or one answer later
+        # than the bound (a broker answers a connection's requests in turn), lost them all
+        asking = {asyncio.ensure_future(self.consumer.committed(tp)): tp for tp in partitions}
+        try:
+            await asyncio.wait(asking, timeout=0.5)
+        finally:
+            for task in asking:
+                task.cancel()
+            await asyncio.gather(*asking, return_exceptions=True)
+        for task, tp in asking.items():
+            if task.cancelled() or isinstance(task.exception(), KafkaError | TimeoutError):
+                continue
+            committed = task.result()
+            if self._still_reading(tp):  # not revoked (or paused) meanwhile
+                self._positions.setdefault(tp, committed or 0)
 
     async def _poll(self, wait_ms: int) -> Batch | None:
         """``getmany``, or None as soon as a stop is asked for or a rebalance callback

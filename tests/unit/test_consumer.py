@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition  # type: ignore[import-untyped]
+from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 
 from handlers.decide import Decider, OutcomeKind
 from limitflow.errors import BrokerRejected, BrokerUnavailable, ConflictError, PartitionLost
@@ -885,3 +886,52 @@ async def test_the_faust_app_bounds_each_publish_request_not_the_whole_batch() -
     assert await asyncio.wait_for(handler.handle(stream, events), 5)
     assert sent == [settings.output_topic] * 6  # each verdict once, no retry
     assert acked == events
+
+
+class _OneAtATimeCoordinator(_RestartedPastMarkers):
+    """A coordinator that answers committed-offset requests one after another, 0.1 s
+    each, as a broker answers the requests of one connection in turn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.turn = asyncio.Lock()
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        async with self.turn:
+            await asyncio.sleep(0.1)
+        return 100
+
+
+async def test_the_group_offsets_answered_in_time_are_kept_when_others_are_not() -> None:
+    # all asked under one 0.5 s bound, every answer was dropped when the last came later:
+    # eight partitions answered in turn, 0.1 s each, never got their group's offset, look
+    # after look, and their markers stayed uncommitted for good
+    partitions = {TopicPartition("in", n) for n in range(8)}
+    consumer = _OneAtATimeCoordinator()
+    consumer.assigned = set(partitions)
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.output = output = _Recording()
+    runner._owned = set(partitions)
+    await runner._pass_skipped()
+    assert 3 <= len(output.delivered) < len(partitions)
+    assert all(runner._positions[tp] == 105 for tp in output.delivered)
+
+
+class _OnePartitionRefused(_RestartedPastMarkers):
+    """The coordinator refuses the committed offset of partition 0 alone."""
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        if tp.partition == 0:
+            raise KafkaError("refused")
+        return 100
+
+
+async def test_a_group_offset_refused_loses_none_of_the_others() -> None:
+    partitions = {TopicPartition("in", n) for n in range(3)}
+    consumer = _OnePartitionRefused()
+    consumer.assigned = set(partitions)
+    runner = _runner(consumer, Engine(Decider(load_rules(RULES)), MemoryStore()))
+    runner.output = output = _Recording()
+    runner._owned = set(partitions)
+    await runner._pass_skipped()
+    assert sorted(output.delivered) == [TopicPartition("in", 1), TopicPartition("in", 2)]
