@@ -87,20 +87,23 @@ def _tighten(name: str, defs: dict[str, Any]) -> None:
         ]
 
 
-_END: Final = "$(?!\\n)"
-"""The end of a pattern: the end of the text. A bare ``$`` is that in the regexes JSON
-Schema names (ECMA-262), but Python's (``jsonschema``) also takes it before a last
-newline: ``"…Z\\n"`` and a rule id ``"r\\n"`` passed there, which limitflow refuses."""
+_NO_NEWLINE: Final = {"pattern": "\\n"}
+"""A text with a newline in it (``"not"`` of it: none)."""
 
 
 def _anchored(node: Any) -> None:
-    """End every ``pattern`` under ``node`` with ``_END`` instead of ``$``."""
+    """Refuse a newline in the text of every ``pattern`` under ``node`` that takes none.
+    Its ``$`` is the end of the text in the regexes JSON Schema names (ECMA-262), but
+    Python's (``jsonschema``) also matches it before a last newline: ``"…Z\\n"`` and a
+    rule id ``"r\\n"`` passed there, which limitflow refuses. Said apart, with no
+    lookahead (``$(?!\\n)``), which the regexes of Go's or Rust's validators lack."""
     if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "pattern" and isinstance(value, str) and value.endswith("$"):
-                node[key] = value[:-1] + _END
-            else:
-                _anchored(value)
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and "\\n" not in pattern:  # blanks around an amount
+            assert node.get("not", _NO_NEWLINE) == _NO_NEWLINE, node  # (a dict seen twice)
+            node["not"] = _NO_NEWLINE
+        for value in node.values():
+            _anchored(value)
     elif isinstance(node, list):
         for value in node:
             _anchored(value)
