@@ -47,6 +47,13 @@ MAX_LINE_BYTES: Final = MAX_MESSAGE_BYTES
 records of at most ``--max-message-bytes``: a file with no line ends (a JSON array of
 gigabytes, a binary file) was read whole into memory, three times over."""
 _CHUNK: Final = 1 << 16
+BATCH_BYTES: Final = 16 * 1024 * 1024
+"""Most bytes of input lines one batch of a replay holds (at least one line): a batch
+ends at its ``batch_size`` lines or once they hold this many bytes, whichever comes
+first. Lines are held, and decoded, a whole batch at a time: 2,000 lines of up to
+``--max-line-bytes`` each held 2 GB, and decoded (an event of 1 MB of numbers in an
+extra field decodes to ~14 MB of objects) ~28 GB. Events of up to 8 KB keep whole
+batches of 2,000; ``run``'s batches are bounded likewise by its fetches."""
 
 
 class LongLine(Oversized, frozen=True, gc=False):
@@ -66,9 +73,11 @@ def read_lines(
     batch_size: int,
     pending: list[Record],
     max_line_bytes: int = MAX_LINE_BYTES,
+    batch_bytes: int = BATCH_BYTES,
 ) -> Iterator[bool]:
     """Read non-blank lines into ``pending`` as records with their 1-based line numbers;
-    yield each time it holds ``batch_size`` (the caller takes them out), and end at the
+    yield each time it holds ``batch_size``, or lines of ``batch_bytes`` bytes or more
+    (the caller takes them out), and end at the
     end of ``source`` with the rest there. A line of more than ``max_line_bytes`` (its
     line end aside) is read past, not kept: a ``LongLine`` is there in its place.
 
@@ -81,6 +90,7 @@ def read_lines(
     readline = source.readline
     most = max_line_bytes + len(_BOM) + 2  # a line end of \r\n, a byte order mark
     number = 0
+    held = 0  # bytes of the lines read since the last yield
     while line := readline(most):
         number += 1
         if len(line) == most and not line.endswith(b"\n"):  # and more of it to come
@@ -101,8 +111,10 @@ def read_lines(
         if record is None:  # a long line of blanks
             continue
         add(record)
-        if len(pending) >= batch_size:
+        held += len(record.raw)
+        if len(pending) >= batch_size or held >= batch_bytes:
             yield True
+            held = 0
 
 
 def _long_line(

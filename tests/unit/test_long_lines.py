@@ -203,3 +203,24 @@ def test_max_line_bytes_takes_a_whole_number_as_run_s_flags_do(tmp_path: Path, v
     )
     assert done.returncode == 2, done.stderr.decode()
     assert "--max-line-bytes" in done.stderr.decode()
+
+
+def test_a_batch_of_long_lines_holds_at_most_batch_bytes_and_one_line() -> None:
+    # a batch ended only at its 2,000 lines: lines of up to --max-line-bytes held 2 GB
+    # at once, and decoded (1 MB of numbers in an extra field is ~14 MB of objects)
+    # ~28 GB, for a replay that takes them one at a time
+    line = b'{"pad": "' + b"x" * 900_000 + b'"}\n'
+    data = line * 60 + b'{"a": 1}\n' * 5_000
+    pending: list[Record] = []
+    batches: list[list[Record]] = []
+    for _ in read_lines(io.BytesIO(data), 2_000, pending):
+        batches.append(pending[:])
+        pending.clear()
+    batches.append(pending)
+    # 19 long lines make 16 MiB; then 3 long lines and 1,997 short ones: short lines
+    # still make whole batches, and every line is read once, in order
+    assert [len(batch) for batch in batches] == [19, 19, 19, 2_000, 2_000, 1_003]
+    assert replay_module.BATCH_BYTES == 16 * 2**20
+    assert all(sum(len(r.raw) for r in batch[:-1]) < replay_module.BATCH_BYTES for batch in batches)
+    numbers = [r.source["line"] for batch in batches for r in batch]
+    assert numbers == list(range(1, 5_061))
