@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -863,15 +863,17 @@ def _total_lag(metrics: str) -> float:
     )
 
 
-async def test_store_outage_pauses_then_resumes_without_loss(setup: Setup) -> None:
+@contextlib.asynccontextmanager
+async def serving_on_a_down_store(
+    setup: Setup, port: int, **more: object
+) -> AsyncIterator[FlakyStore]:
+    """``serve`` (run's loop, in this process) on ``setup``'s topics and a store that
+    refuses every request until its ``down`` is set False; stopped by SIGTERM after."""
     from limitflow.run_cli import serve
     from limitflow.settings import load_run_settings
     from schemas.rules import load_rules
     from stores import open_store
 
-    lines = make_events(700, seed=5)
-    sources = await produce(setup.bootstrap, setup.topics[0], lines[:500])
-    port = _free_port()
     events, verdicts, dead = setup.topics
     settings = load_run_settings(
         {
@@ -886,7 +888,7 @@ async def test_store_outage_pauses_then_resumes_without_loss(setup: Setup) -> No
             "session_timeout_ms": 6000,
             "retry_initial_ms": 100,
             "retry_max_ms": 500,
-            "batch_size": 100,
+            **more,
         },
         {},
     )
@@ -896,6 +898,19 @@ async def test_store_outage_pauses_then_resumes_without_loss(setup: Setup) -> No
     store.down = True
     task = asyncio.create_task(serve(settings, load_rules(RULES), store))
     try:
+        yield store
+    finally:
+        if not task.done():  # else serve() put the default action back: it would end pytest
+            os.kill(os.getpid(), signal.SIGTERM)  # serve() installed its handler on this loop
+        assert await asyncio.wait_for(task, 60) == 0
+        await inner.close()
+
+
+async def test_store_outage_pauses_then_resumes_without_loss(setup: Setup) -> None:
+    lines = make_events(700, seed=5)
+    sources = await produce(setup.bootstrap, setup.topics[0], lines[:500])
+    port = _free_port()
+    async with serving_on_a_down_store(setup, port, batch_size=100) as store:
         deadline = time.monotonic() + 60
         while store.refused < 5 and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
@@ -921,11 +936,6 @@ async def test_store_outage_pauses_then_resumes_without_loss(setup: Setup) -> No
         store.down = False
         await check_against_replay(setup, lines, sources)
         assert (await asyncio.to_thread(http_get, port, "/readyz"))[0] == 200
-    finally:
-        if not task.done():  # else serve() put the default action back: it would end pytest
-            os.kill(os.getpid(), signal.SIGTERM)  # serve() installed its handler on this loop
-        assert await asyncio.wait_for(task, 60) == 0
-        await inner.close()
 
 
 async def produce_to(bootstrap: str, topic: str, partition: int, lines: Sequence[bytes]) -> None:
@@ -953,35 +963,9 @@ async def test_a_store_outage_shows_the_lag_of_partitions_outside_the_batch_in_h
     # while the batch in hand waited on the store, only the lag of the partitions it came
     # from was asked of the brokers: the others, paused and not fetched, kept the lag they
     # had before the outage (0), however many events waited on them
-    from limitflow.run_cli import serve
-    from limitflow.settings import load_run_settings
-    from schemas.rules import load_rules
-    from stores import open_store
-
     port = _free_port()
-    events, verdicts, dead = setup.topics
-    settings = load_run_settings(
-        {
-            "bootstrap_servers": setup.bootstrap,
-            "input_topic": events,
-            "output_topic": verdicts,
-            "dead_letter_topic": dead,
-            "group_id": f"{setup.name}-g",
-            "rules": RULES,
-            "store": setup.store,
-            "http_port": port,
-            "session_timeout_ms": 6000,
-            "retry_initial_ms": 100,
-            "retry_max_ms": 500,
-        },
-        {},
-    )
-    inner = open_store(setup.store)
-    await inner.init()
-    store = FlakyStore(inner)
-    store.down = True
-    task = asyncio.create_task(serve(settings, load_rules(RULES), store))
-    try:
+    events = setup.topics[0]
+    async with serving_on_a_down_store(setup, port) as store:
         deadline = time.monotonic() + 60
         while (await asyncio.to_thread(readyz, port))[0] != 200:
             assert time.monotonic() < deadline, "never ready"
@@ -1004,11 +988,6 @@ async def test_a_store_outage_shows_the_lag_of_partitions_outside_the_batch_in_h
             await asyncio.sleep(0.5)
         assert lags == [20, 20, 20], metrics
         store.down = False
-    finally:
-        if not task.done():  # else serve() put the default action back: it would end pytest
-            os.kill(os.getpid(), signal.SIGTERM)  # serve() installed its handler on this loop
-        assert await asyncio.wait_for(task, 60) == 0
-        await inner.close()
 
 
 @pytest.fixture
