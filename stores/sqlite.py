@@ -609,26 +609,22 @@ class SqliteStore(Store):
                 if "locked" not in str(exc) or time.monotonic() >= give_up:
                     raise
             else:
-                self._still_at_path()
+                try:
+                    self._still_at_path()
+                except (StoreRejected, StoreUnavailable):
+                    self._db.execute("ROLLBACK")  # the write lock just taken, given back
+                    raise
                 return
             if self.stopping is not None and self.stopping():
                 raise StoppedOpening(f"stopped while waiting for the lock of {self.path}")
 
     def _still_at_path(self) -> None:
-        """Raise ``StoreRejected`` (the write lock just taken given back) unless the path
-        still names the file opened. SQLite in WAL mode goes on committing to a file
-        deleted, replaced or moved under it: a replay or a run went on deciding, and
-        publishing verdicts, on counters that no later start would see (it opens the
-        path: an empty new file, or the one put there), and so over-accepted."""
-        try:
-            found = _identity(self.path)
-        except OSError as exc:
-            # not an answer that it moved (a folder unreadable for a while, an NFS
-            # ESTALE or EIO): an outage, retried, not a stop for good
-            self._db.execute("ROLLBACK")
-            raise StoreUnavailable(f"SQLite {self.path}: cannot look at the file: {exc}") from exc
-        if found != self._file:
-            self._db.execute("ROLLBACK")
+        """Raise ``StoreRejected`` unless the path still names the file opened. SQLite in
+        WAL mode goes on committing to a file deleted, replaced or moved under it: a
+        replay or a run went on deciding, and publishing verdicts, on counters that no
+        later start would see (it opens the path: an empty new file, or the one put
+        there), and so over-accepted."""
+        if _looked_at(self.path, "the file") != self._file:
             raise StoreRejected(
                 f"SQLite {self.path}: the file opened is no longer at its path (deleted,"
                 " replaced or moved since it was opened); nothing more is written to it"
@@ -640,17 +636,10 @@ class SqliteStore(Store):
         # opening the file then made new ones, with a -shm whose locks this one's
         # writes did not take
         for index, suffix in enumerate(("-wal", "-shm")):
-            try:
-                found = _identity(f"{self._journal_base}{suffix}")
-            except OSError as exc:
-                self._db.execute("ROLLBACK")
-                raise StoreUnavailable(
-                    f"SQLite {self.path}: cannot look at its {suffix} file: {exc}"
-                ) from exc
+            found = _looked_at(f"{self._journal_base}{suffix}", f"its {suffix} file", self.path)
             if self._journal[index] is None:
                 self._journal[index] = found
             elif found != self._journal[index]:
-                self._db.execute("ROLLBACK")
                 raise StoreRejected(
                     f"SQLite {self.path}: its {suffix} file was deleted or replaced while"
                     " it was open (commits since the last checkpoint may be lost with it);"
@@ -809,6 +798,16 @@ class SqliteStore(Store):
 
     async def close(self) -> None:
         self._db.close()
+
+
+def _looked_at(path: str, what: str, store: str | None = None) -> tuple[int, int] | None:
+    """``_identity`` of ``path``, ``what`` of the store at ``store`` (default ``path``). A
+    look that fails says nothing of the file (a folder unreadable for a while, an NFS
+    ESTALE or EIO): an outage, retried, not a stop for good."""
+    try:
+        return _identity(path)
+    except OSError as exc:
+        raise StoreUnavailable(f"SQLite {store or path}: cannot look at {what}: {exc}") from exc
 
 
 def _identity(path: str) -> tuple[int, int] | None:
